@@ -1,0 +1,41 @@
+# rlfactory — the two commands that work on a fresh machine:
+#   make quickstart   # sets up .venv, then trains the CPU quickstart recipe (recipes/quickstart.yaml)
+#   make test         # sets up .venv, then runs the test suite
+# torch is installed first (the CPU build on this machine's disk) so that nothing resolves a multi-GB CUDA torch.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RLF := $(VENV)/bin/rlfactory
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test test-fast quickstart bench gpu-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: install
+	$(PY) -m pytest -q -x -m "not slow" tests
+
+quickstart: install
+	$(RLF) train recipes/quickstart.yaml
+
+bench: install
+	mkdir -p bench/results
+	$(PY) bench/tools.py --json bench/results/tools.json
+
+gpu-check: install
+	$(PY) bench/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

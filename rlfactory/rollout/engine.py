@@ -1,0 +1,45 @@
+"""`GenerationEngine`: token ids in, token ids (+ logprobs) out. The only interface the AgentLoop needs.
+
+Implementations: `hf_engine.HFEngine` (transformers, dynamic batching) and `vllm_engine.VLLMEngine` (vLLM async
+engine, lazily imported). Engines never see text the policy produced as text: no decode-and-re-encode here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+
+class SamplingParams(BaseModel):
+    """How to sample one continuation."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 = disabled."""
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Generation stops after emitting any of these (the stop token is included in the output)."""
+    stop_strings: list[str] = Field(default_factory=list)
+    """Generation stops once the decoded continuation ends with one of these (tokens kept as generated)."""
+    seed: int | None = None
+
+
+class GenerationOutput(BaseModel):
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    """Logprob of each generated token under the sampling distribution's model (temperature-scaled)."""
+    finish_reason: Literal["stop", "length", "abort"] = "stop"
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> GenerationOutput: ...
+
+    async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new policy weights (after an optimizer step)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,95 @@
+"""`Trajectory`: the one record of a finished rollout, shared by both engines, rewards, training and the viewer.
+
+Conversion to verl's DataProto happens only at the verl boundary (`rlfactory/train/verl_*`), not here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+FinishReason = Literal[
+    "stop",  # the policy ended its turn without a tool call (its final answer)
+    "max_turns",  # the horizon (assistant turns) was reached
+    "token_budget",  # the total response-token budget ran out
+    "context_length",  # the next turn would not fit in the model's context
+    "error",  # something failed; see `error`
+]
+
+
+class TurnSpan(BaseModel):
+    """A contiguous span of `response_ids`: one assistant turn (policy tokens) or one tool/env turn."""
+
+    role: Literal["assistant", "tool"]
+    start: int
+    """Index into response_ids (inclusive)."""
+    end: int
+    """Index into response_ids (exclusive)."""
+    text: str = ""
+    """Decoded text of the span, for viewing and rewards only (never re-encoded)."""
+
+
+class ToolCallRecord(BaseModel):
+    """One tool call made during the rollout, with its outcome."""
+
+    turn: int
+    """Index of the assistant turn that emitted the call."""
+    name: str
+    arguments: dict[str, Any] | None = None
+    result: str = ""
+    is_error: bool = False
+    error_kind: str | None = None
+    latency_s: float = 0.0
+    cached: bool = False
+
+
+class Trajectory(BaseModel):
+    """A finished multi-turn rollout, token-exact.
+
+    Invariants: len(response_ids) == len(loss_mask) == len(logprobs); loss_mask is 1 exactly on tokens the policy
+    generated and 0 on tool/env/template tokens; the spans in `turns` tile response_ids in order.
+    """
+
+    id: str
+    task_id: str | None = None
+    sample_index: int = 0
+    group_id: str | None = None
+    """Trajectories sampled from the same prompt share a group id (GRPO groups)."""
+    prompt_ids: list[int]
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    """Behaviour-policy logprob of each response token (0.0 where loss_mask is 0)."""
+    turns: list[TurnSpan] = Field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    error: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The conversation as chat messages (for rewards, judges and the viewer)."""
+    task: dict[str, Any] = Field(default_factory=dict)
+    """The data row this rollout came from (prompt, answer, metadata)."""
+    horizon: int | None = None
+    reward: float | None = None
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    reward_failed: bool = False
+    step_rewards: list[float] | None = None
+    """Optional per-assistant-turn rewards (process rewards), placed on each turn's last token."""
+    timings: dict[str, float] = Field(default_factory=dict)
+    """Seconds spent: generate_s, tools_s, total_s."""
+
+    @property
+    def num_turns(self) -> int:
+        return sum(1 for t in self.turns if t.role == "assistant")
+
+    @property
+    def completion(self) -> str:
+        """The assistant's text over all turns (what most reward functions score)."""
+        return "".join(t.text for t in self.turns if t.role == "assistant")
+
+    @property
+    def final_response(self) -> str:
+        """The text of the last assistant turn."""
+        for t in reversed(self.turns):
+            if t.role == "assistant":
+                return t.text
+        return ""

@@ -1,0 +1,54 @@
+"""Plain records that cross the tool layer's boundary: a tool's spec, a call, a result.
+
+Nothing here imports mcp: the adapter (`mcp_client.py`) converts SDK objects into these.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ToolSpec(BaseModel):
+    """A tool as the policy sees it. `name` is what the model must call: the bare tool name when unique across
+    servers, else the qualified `server.tool`."""
+
+    name: str
+    server: str
+    tool: str
+    """The tool's own name on its server."""
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    read_only: bool = False
+    idempotent: bool = False
+
+    def to_openai(self) -> dict[str, Any]:
+        """The function-calling schema that chat templates (Qwen3, Hermes) render into the system turn."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
+        }
+
+
+class ToolCall(BaseModel):
+    """One call the policy asked for."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+    """Optional caller id (e.g. trajectory id + index), carried into the result for bookkeeping."""
+
+
+class ToolResult(BaseModel):
+    """A normalised tool result. Failures are results too (`is_error`), never exceptions."""
+
+    name: str
+    text: str
+    is_error: bool = False
+    error_kind: str | None = None
+    """None on success; else one of: parse, unknown_tool, bad_arguments, timeout, server_error, tool_error."""
+    latency_s: float = 0.0
+    cached: bool = False
+    server: str | None = None
+    id: str | None = None
+    structured: dict[str, Any] | None = None
