@@ -41,6 +41,8 @@ class ToolCallRecord(BaseModel):
     error_kind: str | None = None
     latency_s: float = 0.0
     cached: bool = False
+    structured: dict[str, Any] | None = None
+    """The tool result's structured content, if any (environment servers put `reward`, `score`, `done` here)."""
 
 
 class Trajectory(BaseModel):

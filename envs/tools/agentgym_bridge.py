@@ -1,0 +1,46 @@
+"""MCP server fronting any server that speaks AgentGym's HTTP env protocol (TextCraft, BabyAI, SciWorld, WebShop,
+WebArena, ... as run by AgentGym): tools `reset(task_id)`, `step(action)`, `observe()`, `close()`.
+
+Run: `python envs/tools/agentgym_bridge.py --url http://127.0.0.1:36001 --env textcraft`
+(or env AGENTGYM_URL / AGENTGYM_ENV). `--id-key` / `--reset-key` override the protocol variant (see
+`rlfactory/envs/client.py`). Each MCP episode creates its own instance on the AgentGym server and closes it when the
+episode closes. An example config is examples/agentgym_bridge.json.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from rlfactory.envs.client import BridgedEnv
+from rlfactory.envs.mcp_server import build_env_server
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="AgentGym HTTP env protocol -> MCP bridge")
+    p.add_argument("--url", default=os.environ.get("AGENTGYM_URL"), help="base URL of the AgentGym env server")
+    p.add_argument("--env", default=os.environ.get("AGENTGYM_ENV", "textcraft"), help="environment name")
+    p.add_argument("--id-key", default=None, help="instance id field (default: per env, usually `id`)")
+    p.add_argument("--reset-key", default=None, help="task index field of /reset (default: per env, `data_idx`)")
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--max-episodes", type=int, default=256)
+    p.add_argument("--idle-timeout-s", type=float, default=900.0)
+    args = p.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the server log
+    if not args.url:
+        p.error("give the AgentGym server URL with --url or the AGENTGYM_URL environment variable")
+    es = build_env_server(
+        f"agentgym-{args.env}",
+        lambda: BridgedEnv(args.env, args.url, id_key=args.id_key, reset_key=args.reset_key,
+                           timeout_s=args.timeout_s),
+        instructions=f"AgentGym environment `{args.env}` served at {args.url}. Call reset(task_id), then "
+                     "step(action) with the environment's text actions until done.",
+        reset_doc=f"Start task `task_id` of the {args.env} environment. Returns the first observation.",
+        step_doc=f"Send one text action to the {args.env} environment. Returns the observation, reward and "
+                 "whether the episode is done.",
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s)
+    es.run()
+
+
+if __name__ == "__main__":
+    main()

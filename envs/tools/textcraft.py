@@ -1,0 +1,32 @@
+"""TextCraft as a stateful MCP server (stdio): `reset(task_id)`, `step(action)`, `observe()`, `close()`.
+
+Run: `python envs/tools/textcraft.py [--max-episodes N] [--idle-timeout-s S]`. The game itself is
+`rlfactory/envs/textcraft.py` (our recipe set: envs/tools/data/textcraft_recipes.json).
+"""
+from __future__ import annotations
+
+from rlfactory.envs.mcp_server import build_env_server, server_args
+from rlfactory.envs.textcraft import TextCraftEnv
+
+INSTRUCTIONS = (
+    "TextCraft: craft a goal item from base items. Call reset(task_id) to start; the observation lists the crafting "
+    "commands and the goal. Then call step(action) with `get <count> <item>`, "
+    "`craft <count> <item> using <count> <item>, ...` or `inventory`. The episode ends when the goal is crafted."
+)
+
+
+def main() -> None:
+    args = server_args("TextCraft MCP server")
+    es = build_env_server(
+        "textcraft", TextCraftEnv, instructions=INSTRUCTIONS,
+        reset_doc="Start TextCraft task `task_id` (any integer; the same id is always the same goal). Returns the "
+                  "crafting commands available and the goal item.",
+        step_doc="Play one TextCraft action: `get <count> <item>` for a base item, "
+                 "`craft <count> <item> using <count> <item>, <count> <item>` exactly as a crafting command lists "
+                 "it, or `inventory`. Returns the observation, reward and whether the task is done.",
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True)
+    es.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Rewards that come from the environment itself (TextCraft, BabyAI, SciWorld, Deep Search, AgentGym bridge).
+
+Environment servers (`rlfactory/envs/mcp_server.py`) return every step with structured content
+`{observation, reward, score, done, ...}` and a text status line `[reward=R score=S done=D]`. These functions read
+the LAST such tool result of the trajectory: from `ToolCallRecord.structured` when the AgentLoop recorded it, else
+from the status line in the recorded text. A trajectory that never reached an environment scores 0.
+
+Use in a recipe: `{function: "rewards.env:env_score", weight: 1.0}`.
+Left out: per-step (process) rewards; `env_step_rewards` below lists them for whoever wants to place them.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_STATUS = re.compile(r"\[reward=(?P<reward>-?[\d.eE+-]+) score=(?P<score>-?[\d.eE+-]+) done=(?P<done>true|false)\]")
+
+
+def env_status(record: Any) -> dict[str, Any] | None:
+    """`{reward, score, done}` of one tool-call record, or None when it is not an environment step."""
+    structured = getattr(record, "structured", None)
+    if isinstance(structured, dict) and "score" in structured:
+        return {"reward": float(structured.get("reward", 0.0)), "score": float(structured["score"]),
+                "done": bool(structured.get("done", False))}
+    m = _STATUS.search(getattr(record, "result", "") or "")
+    if m is None:
+        return None
+    return {"reward": float(m["reward"]), "score": float(m["score"]), "done": m["done"] == "true"}
+
+
+def _statuses(trajectory: Any) -> list[dict[str, Any]]:
+    return [s for s in (env_status(r) for r in trajectory.tool_calls if not getattr(r, "is_error", False)) if s]
+
+
+def env_score(trajectory: Any) -> float:
+    """The environment's score at the end of the trajectory (in [0, 1] for the shipped environments)."""
+    statuses = _statuses(trajectory)
+    return statuses[-1]["score"] if statuses else 0.0
+
+
+def env_success(trajectory: Any, threshold: float = 1.0) -> float:
+    """1.0 when the environment finished the episode (`done`) with a score of at least `threshold`, else 0.0."""
+    statuses = _statuses(trajectory)
+    return float(bool(statuses) and statuses[-1]["done"] and statuses[-1]["score"] >= threshold)
+
+
+def env_return(trajectory: Any) -> float:
+    """Sum of the per-step rewards the environment handed out (AgentGym's undiscounted return)."""
+    return float(sum(s["reward"] for s in _statuses(trajectory)))
+
+
+def env_step_rewards(trajectory: Any) -> list[float]:
+    """Environment reward per assistant turn (summed over the turn's calls), for process-reward experiments."""
+    per_turn = [0.0] * max(1, trajectory.num_turns)
+    for record in trajectory.tool_calls:
+        status = env_status(record)
+        if status and 0 <= record.turn < len(per_turn):
+            per_turn[record.turn] += status["reward"]
+    return per_turn

@@ -1,0 +1,163 @@
+"""BabyAI levels from `minigrid`, played in text: what the agent sees is described in words, actions are names.
+
+A task id picks a level (`levels[task_id % len(levels)]`) and seeds it (`seed = task_id`), so the same id is always
+the same layout. The observation describes the agent's 7x7 egocentric view: each visible object with its colour,
+state (doors) and position relative to the agent ("2 steps forward and 1 step left"), what is directly in front,
+and what the agent carries. Reward is minigrid's (1 - 0.9 * steps / max_steps on success, else 0); `done` when the
+mission succeeds or the level's step limit is hit.
+
+Left out: AgentGym's macro actions ("go to red ball 1"); only the standard low-level action set is served.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import threading
+import warnings
+
+from rlfactory.envs.types import StepResult
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEVELS = ("BabyAI-GoToRedBallGrey-v0", "BabyAI-GoToRedBall-v0", "BabyAI-GoToObj-v0", "BabyAI-GoToLocal-v0",
+                  "BabyAI-PickupLoc-v0", "BabyAI-OpenDoor-v0", "BabyAI-PutNextLocal-v0", "BabyAI-GoToDoor-v0")
+# minigrid's Actions enum order: left, right, forward, pickup, drop, toggle, done.
+ACTIONS = {"turn left": 0, "turn right": 1, "go forward": 2, "pick up": 3, "drop": 4, "toggle": 5, "done": 6}
+_ALIASES = {"left": "turn left", "right": "turn right", "forward": "go forward", "move forward": "go forward",
+            "pickup": "pick up", "pick": "pick up", "open": "toggle", "toggle door": "toggle", "finish": "done"}
+# minigrid prints "Sampling rejected: ..." while generating levels; keep it off stdout (the MCP stdio channel in
+# other servers, noise in tests). redirect_stdout is process-wide, hence the lock.
+_QUIET = threading.Lock()
+HELP = "Valid actions: " + ", ".join(ACTIONS) + "."
+
+
+def action_name(index: int) -> str:
+    return next(name for name, i in ACTIONS.items() if i == int(index))
+
+
+def _offset_words(forward: int, right: int) -> str:
+    parts = []
+    if forward:
+        parts.append(f"{forward} step{'s' if forward != 1 else ''} forward")
+    if right:
+        side = "right" if right > 0 else "left"
+        parts.append(f"{abs(right)} step{'s' if abs(right) != 1 else ''} {side}")
+    return " and ".join(parts) if parts else "right here"
+
+
+def describe_view(image, carrying_desc: str | None, mission: str) -> str:
+    """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up."""
+    from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX
+
+    idx_to_state = {v: k for k, v in STATE_TO_IDX.items()}
+    width, height = image.shape[0], image.shape[1]
+    ax, ay = width // 2, height - 1
+    things, walls_ahead = [], None
+    for x in range(width):
+        for y in range(height):
+            kind = IDX_TO_OBJECT[int(image[x, y, 0])]
+            forward, right = ay - y, x - ax
+            if kind == "wall" and right == 0 and forward > 0 and walls_ahead is None:
+                walls_ahead = forward
+            if kind in ("unseen", "empty", "wall", "floor", "agent") or (forward == 0 and right == 0):
+                continue
+            color = IDX_TO_COLOR[int(image[x, y, 1])]
+            name = f"{color} {kind}"
+            if kind == "door":
+                name = f"{idx_to_state[int(image[x, y, 2])]} {name}"
+            things.append((forward + abs(right), f"a {name} {_offset_words(forward, right)}"))
+    lines = [f"Mission: {mission}"]
+    if things:
+        lines.append("You see " + "; ".join(t for _, t in sorted(things)) + ".")
+    else:
+        lines.append("You see no objects nearby.")
+    front_kind = IDX_TO_OBJECT[int(image[ax, ay - 1, 0])]
+    if front_kind in ("empty", "floor"):
+        front = "nothing (you can go forward)"
+    elif front_kind == "wall":
+        front = "a wall"
+    else:
+        front = f"a {IDX_TO_COLOR[int(image[ax, ay - 1, 1])]} {front_kind}"
+    lines.append(f"Directly in front of you: {front}.")
+    if walls_ahead is not None and walls_ahead > 1:
+        lines.append(f"The wall ahead is {walls_ahead} steps away.")
+    lines.append(f"You are carrying {carrying_desc}." if carrying_desc else "You are not carrying anything.")
+    return "\n".join(lines)
+
+
+class BabyAIEnv:
+    """One BabyAI episode in text."""
+
+    def __init__(self, levels: tuple[str, ...] | list[str] = DEFAULT_LEVELS):
+        self.levels = tuple(levels)
+        self._envs: dict[str, object] = {}
+        self._env = None
+        self.task_id: int | None = None
+        self.level: str | None = None
+        self.done = False
+        self.score = 0.0
+        self._last_obs = None
+
+    def _make(self, level: str):
+        if level not in self._envs:
+            import gymnasium as gym
+            import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._envs[level] = gym.make(level)
+        return self._envs[level]
+
+    def reset(self, task_id: int = 0) -> StepResult:
+        self.task_id = int(task_id)
+        self.level = self.levels[self.task_id % len(self.levels)]
+        self._env = self._make(self.level)
+        with _QUIET, contextlib.redirect_stdout(io.StringIO()):
+            self._last_obs, _ = self._env.reset(seed=self.task_id)
+        self.done = False
+        self.score = 0.0
+        return StepResult(observation=f"Level: {self.level}\n{self.observe()}", info=self._info())
+
+    @property
+    def mission(self) -> str:
+        return str(self._env.unwrapped.mission) if self._env is not None else ""
+
+    def observe(self) -> str:
+        if self._env is None:
+            return "No task yet: call reset(task_id) first."
+        carrying = self._env.unwrapped.carrying
+        carry_desc = f"a {carrying.color} {carrying.type}" if carrying is not None else None
+        return describe_view(self._last_obs["image"], carry_desc, self.mission)
+
+    def step(self, action: str) -> StepResult:
+        if self._env is None:
+            return StepResult(observation="No task yet: call reset(task_id) first.")
+        if self.done:
+            return StepResult(observation="The episode is over. Call reset for a new task.", score=self.score,
+                              done=True, info=self._info())
+        name = " ".join(action.lower().strip().rstrip(".").split())
+        name = _ALIASES.get(name, name)
+        if name not in ACTIONS:
+            return StepResult(observation=f"Unknown action {action!r}. {HELP}\n{self.observe()}", score=self.score,
+                              info=self._info())
+        self._last_obs, reward, terminated, truncated, _ = self._env.step(ACTIONS[name])
+        self.done = bool(terminated or truncated)
+        if reward > 0:
+            self.score = float(reward)
+        prefix = ""
+        if terminated and reward > 0:
+            prefix = "Mission complete!\n"
+        elif truncated:
+            prefix = "Out of steps: the episode is over.\n"
+        return StepResult(observation=prefix + self.observe(), reward=float(reward), score=self.score,
+                          done=self.done, info=self._info())
+
+    def _info(self) -> dict:
+        return {"task_id": self.task_id, "level": self.level, "mission": self.mission}
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+        self._env = None

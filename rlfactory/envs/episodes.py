@@ -1,0 +1,168 @@
+"""`EpisodeRegistry`: the open episodes of one stateful environment server, keyed by episode id.
+
+An environment server holds one live environment object per trajectory. Keys come from the caller (an explicit
+`episode_id` argument or the MCP request's `_meta["rlfactory/episode_id"]`) or, failing that, from the MCP session.
+The registry bounds how many episodes are open (least recently used is evicted when full), expires idle ones, and
+closes an episode on request (`close` tool, trajectory end) or when its session goes away.
+
+Thread-safe: MCP servers run sync tools on worker threads. Each episode also carries its own lock, so two calls on
+the same episode never interleave. It knows nothing about MCP; `envs/tools/_env_server.py` does the wiring.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Iterator, TypeVar
+
+logger = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+
+@dataclass
+class Episode(Generic[E]):
+    key: str
+    env: E
+    last_used_s: float
+    steps: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EpisodeRegistry(Generic[E]):
+    """Open episodes by key. `factory()` builds a fresh environment object; `closer(env)` releases it."""
+
+    def __init__(
+        self,
+        factory: Callable[[], E],
+        *,
+        closer: Callable[[E], None] | None = None,
+        max_episodes: int = 256,
+        idle_timeout_s: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_episodes < 1:
+            raise ValueError("max_episodes must be >= 1")
+        self._factory = factory
+        self._closer = closer or (lambda env: getattr(env, "close", lambda: None)())
+        self.max_episodes = max_episodes
+        self.idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self._episodes: OrderedDict[str, Episode[E]] = OrderedDict()  # LRU order: oldest first
+        self._lock = threading.Lock()
+        self.opened_total = 0
+        self.closed_total = 0
+        self.evicted_total = 0
+        self.expired_total = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._episodes)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._episodes
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._episodes)
+
+    def open(self, key: str) -> Episode[E]:
+        """The episode under `key`, created if absent (callers reset it). Expires idle episodes first, then evicts
+        the least recently used one if the registry is still full."""
+        self.expire()
+        doomed: list[Episode[E]] = []
+        with self._lock:
+            ep = self._episodes.get(key)
+            if ep is not None:
+                ep.last_used_s = self._clock()
+                self._episodes.move_to_end(key)
+                return ep
+            while len(self._episodes) >= self.max_episodes:
+                _, old = self._episodes.popitem(last=False)
+                doomed.append(old)
+                self.evicted_total += 1
+        for old in doomed:
+            logger.warning("episode registry full (%d): evicting least recently used episode %r",
+                           self.max_episodes, old.key)
+            self._release(old)
+        env = self._factory()  # outside the lock: building an env can be slow (a JVM for SciWorld)
+        ep = Episode(key=key, env=env, last_used_s=self._clock())
+        with self._lock:
+            raced = self._episodes.get(key)
+            if raced is not None:  # another thread opened the same key meanwhile; keep theirs
+                self._release(ep)
+                return raced
+            self._episodes[key] = ep
+            self.opened_total += 1
+        return ep
+
+    def get(self, key: str) -> Episode[E] | None:
+        """The open episode under `key` (and mark it used), or None."""
+        with self._lock:
+            ep = self._episodes.get(key)
+            if ep is not None:
+                ep.last_used_s = self._clock()
+                self._episodes.move_to_end(key)
+            return ep
+
+    def close(self, key: str) -> bool:
+        """Close the episode under `key`; False if there was none."""
+        with self._lock:
+            ep = self._episodes.pop(key, None)
+        if ep is None:
+            return False
+        self._release(ep)
+        return True
+
+    def close_prefix(self, prefix: str) -> int:
+        """Close every episode whose key starts with `prefix` (all episodes of one MCP session)."""
+        with self._lock:
+            keys = [k for k in self._episodes if k.startswith(prefix)]
+            eps = [self._episodes.pop(k) for k in keys]
+        for ep in eps:
+            self._release(ep)
+        return len(eps)
+
+    def expire(self) -> int:
+        """Close episodes idle longer than `idle_timeout_s`; returns how many."""
+        now = self._clock()
+        with self._lock:
+            stale = [k for k, ep in self._episodes.items() if now - ep.last_used_s > self.idle_timeout_s]
+            eps = [self._episodes.pop(k) for k in stale]
+            self.expired_total += len(eps)
+        for ep in eps:
+            logger.info("episode %r expired after %.0f s idle", ep.key, now - ep.last_used_s)
+            self._release(ep)
+        return len(eps)
+
+    def close_all(self) -> int:
+        with self._lock:
+            eps = list(self._episodes.values())
+            self._episodes.clear()
+        for ep in eps:
+            self._release(ep)
+        return len(eps)
+
+    def __iter__(self) -> Iterator[Episode[E]]:
+        with self._lock:
+            return iter(list(self._episodes.values()))
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            open_now = len(self._episodes)
+        return {"open": open_now, "opened_total": self.opened_total, "closed_total": self.closed_total,
+                "evicted_total": self.evicted_total, "expired_total": self.expired_total,
+                "max_episodes": self.max_episodes}
+
+    def _release(self, ep: Episode[E]) -> None:
+        # Wait for an in-flight step on this episode before closing its env under it.
+        with ep.lock:
+            try:
+                self._closer(ep.env)
+            except Exception:  # a broken env must not take the registry down
+                logger.exception("closing episode %r failed", ep.key)
+        with self._lock:
+            self.closed_total += 1

@@ -1,0 +1,288 @@
+"""`AgentLoop`: multi-turn tool-use rollouts, one asyncio task per trajectory, no barrier between turns.
+
+Each trajectory runs its own loop: generate an assistant turn (token ids in, token ids out), parse tool calls from
+the decoded text, run them through the ToolManager, append the chat template's tool-turn delta, repeat. While some
+trajectories wait on slow tools, others generate; the engine batches whatever requests are in flight. Loops that
+wait for every trajectory's tools each turn (AgentGym-RL, RL-Factory) pay for the slowest call every turn
+(bench/rollout.py measures the difference).
+
+Token-exactness: the policy's tokens are appended exactly as generated (never decoded and re-encoded); tool turns
+are `ChatFormat.tool_response_delta` ids. `loss_mask` is 1 exactly on generated tokens, 0 on template/tool tokens,
+and logprobs are 0.0 where the mask is 0. A trajectory stops with a finish reason:
+- `stop`: the turn had no tool call (the final answer);
+- `max_turns`: the horizon was reached (calls in the last turn are not run: no turn would read their results);
+- `token_budget`: `max_response_tokens` ran out, or a turn hit `max_new_tokens_per_turn` with no call in it;
+- `context_length`: the next generation or tool turn would not fit in `max_context_tokens` (never exceeded);
+- `error`: anything raised; the trajectory keeps what it had, the error text, and the batch goes on.
+
+Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
+(`truncation.py`), batching inside the engine (`hf_engine.py`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections import Counter
+from typing import TYPE_CHECKING, Any, get_args
+
+from rlfactory.rollout.chat import ChatFormat
+from rlfactory.rollout.config import RolloutConfig
+from rlfactory.rollout.engine import GenerationEngine, SamplingParams
+from rlfactory.rollout.horizon import horizon_for_step
+from rlfactory.rollout.trajectory import FinishReason, ToolCallRecord, Trajectory, TurnSpan
+from rlfactory.rollout.truncation import truncate_tokens
+from rlfactory.tools.format import parse_tool_calls, response_text
+from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
+
+if TYPE_CHECKING:
+    from rlfactory.tools.manager import ToolManager
+
+logger = logging.getLogger(__name__)
+
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64 steps): per-trajectory and per-turn seeds that do not collide."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x >> 1
+
+
+class _Builder:
+    """The growing response of one trajectory; every append keeps ids, mask, logprobs and spans in step."""
+
+    def __init__(self, traj: Trajectory):
+        self.t = traj
+
+    def append(self, role: str, ids: list[int], logprobs: list[float] | None, text: str) -> None:
+        t = self.t
+        start = len(t.response_ids)
+        t.response_ids.extend(ids)
+        policy = role == "assistant"
+        t.loss_mask.extend([1 if policy else 0] * len(ids))
+        t.logprobs.extend(logprobs if policy and logprobs is not None else [0.0] * len(ids))
+        t.turns.append(TurnSpan(role=role, start=start, end=len(t.response_ids), text=text))  # type: ignore[arg-type]
+
+
+class AgentLoop:
+    """Runs trajectories for tasks: `await loop.run_batch(tasks)` or `await loop.run_one(task, ...)`."""
+
+    def __init__(self, engine: GenerationEngine, tools: "ToolManager | None", chat: ChatFormat, cfg: RolloutConfig):
+        self.engine = engine
+        self.tools = tools
+        self.chat = chat
+        self.cfg = cfg
+        self._tool_specs: dict[str, ToolSpec] | None = None
+
+    # ---- helpers --------------------------------------------------------------------------------------------
+    def default_sampling(self) -> SamplingParams:
+        """Sampling settings of the recipe (`rollout.sampling`), with the chat format's stop tokens."""
+        s = self.cfg.sampling
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_new_tokens=s.max_new_tokens_per_turn, stop_token_ids=self.chat.stop_token_ids)
+
+    def _specs(self) -> dict[str, ToolSpec] | None:
+        if self.tools is None:
+            return {}
+        if self._tool_specs is None:
+            specs: dict[str, ToolSpec] = {}
+            for spec in self.tools.specs:
+                specs[spec.name] = spec
+                specs.setdefault(f"{spec.server}.{spec.tool}", spec)
+            self._tool_specs = specs
+        return self._tool_specs
+
+    async def _run_calls(self, calls: list[ToolCall]) -> list[ToolResult]:
+        if not calls:
+            return []
+        if self.tools is None:
+            return [ToolResult(name=c.name, text="Error: no tools are available in this environment.",
+                               is_error=True, error_kind="unknown_tool") for c in calls]
+        return await self.tools.call_many(calls)
+
+    def _truncate(self, text: str) -> str:
+        cut, _ = truncate_tokens(text, self.cfg.tool_response_max_tokens, self.cfg.tool_response_truncation,
+                                 self.chat.encode, self.chat.decode)
+        return cut
+
+    # ---- one trajectory -------------------------------------------------------------------------------------
+    async def run_one(
+        self,
+        task: dict[str, Any],
+        *,
+        sample_index: int = 0,
+        group_id: str | None = None,
+        horizon: int | None = None,
+        sampling: SamplingParams | None = None,
+        seed: int | None = None,
+    ) -> Trajectory:
+        """Roll out one trajectory for `task` (`prompt`: a string or chat messages; optional `id`, `answer`,
+        `metadata`, `system_prompt`). Never raises for rollout failures: they come back as finish_reason="error"."""
+        t_start = time.perf_counter()
+        horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
+        task_id = None if task.get("id") is None else str(task["id"])
+        traj = Trajectory(
+            id=f"{group_id or task_id or 'task'}/{sample_index}", task_id=task_id, sample_index=sample_index,
+            group_id=group_id, prompt_ids=[], task=dict(task), horizon=horizon,
+        )
+        timings = {"generate_s": 0.0, "tools_s": 0.0}
+        try:
+            traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
+            traj.prompt_ids = self.chat.prompt_ids(traj.messages)
+            await self._turns(traj, horizon, sampling or self.default_sampling(), seed, timings)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a failed rollout is data: recorded and counted, the batch goes on
+            traj.finish_reason = "error"
+            traj.error = f"{type(e).__name__}: {e}"
+            logger.warning("trajectory %s failed: %s", traj.id, traj.error)
+            logger.debug("trajectory %s traceback:\n%s", traj.id, traceback.format_exc())
+        timings["total_s"] = time.perf_counter() - t_start
+        traj.timings = timings
+        return traj
+
+    async def _turns(self, traj: Trajectory, horizon: int, sampling: SamplingParams, seed: int | None,
+                     timings: dict[str, float]) -> None:
+        cfg, chat = self.cfg, self.chat
+        out_buf = _Builder(traj)
+        stop_ids = set(sampling.stop_token_ids) | set(chat.stop_token_ids)
+        if not set(chat.stop_token_ids) <= set(sampling.stop_token_ids):
+            sampling = sampling.model_copy(update={"stop_token_ids": sorted(stop_ids)})
+        for turn in range(horizon):
+            used = len(traj.prompt_ids) + len(traj.response_ids)
+            room_context = cfg.max_context_tokens - used
+            room_budget = cfg.max_response_tokens - len(traj.response_ids)
+            if room_context <= 0:
+                traj.finish_reason = "context_length"
+                return
+            if room_budget <= 0:
+                traj.finish_reason = "token_budget"
+                return
+            max_new = min(sampling.max_new_tokens, room_context, room_budget)
+            turn_seed = None if seed is None else mix_seed(seed, turn)
+            params = sampling.model_copy(update={"max_new_tokens": max_new, "seed": turn_seed})
+            t0 = time.perf_counter()
+            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, params,
+                                             request_id=f"{traj.id}#{turn}")
+            timings["generate_s"] += time.perf_counter() - t0
+            ids = list(out.token_ids)
+            if len(ids) > max_new:
+                raise RuntimeError(f"the engine returned {len(ids)} tokens for max_new_tokens={max_new}")
+            if out.logprobs is not None and len(out.logprobs) != len(ids):
+                raise RuntimeError(f"the engine returned {len(out.logprobs)} logprobs for {len(ids)} tokens")
+            ended_by_stop = bool(ids) and (ids[-1] in stop_ids or out.finish_reason == "stop")
+            closed = bool(ids) and ids[-1] == chat.im_end_id
+            # The turn's text for parsing, messages and rewards: without the closing special token.
+            text = chat.decode(ids[:-1] if ids and ids[-1] in chat.turn_end_ids else ids)
+            out_buf.append("assistant", ids, list(out.logprobs) if out.logprobs is not None else None, text)
+            traj.messages.append({"role": "assistant", "content": text})
+
+            parsed = parse_tool_calls(text, max_calls=cfg.max_tool_calls_per_turn, tools=self._specs())
+            if not parsed:
+                if ended_by_stop:
+                    traj.finish_reason = "stop"
+                elif len(ids) >= room_context and room_context <= min(room_budget, sampling.max_new_tokens):
+                    traj.finish_reason = "context_length"
+                else:  # cut by the per-turn or the total token budget, with no call to answer
+                    traj.finish_reason = "token_budget"
+                return
+            if turn == horizon - 1:
+                traj.finish_reason = "max_turns"
+                return
+
+            calls = [c.model_copy(update={"id": f"{traj.id}#{turn}.{i}"}) for i, c in enumerate(parsed.calls)]
+            t0 = time.perf_counter()
+            results = parsed.merge(await self._run_calls(calls))
+            timings["tools_s"] += time.perf_counter() - t0
+            tool_msgs = []
+            call_iter = iter(calls)
+            for slot, result in zip(parsed.slots, results):
+                seen = self._truncate(response_text(result))
+                tool_msgs.append({"role": "tool", "name": result.name, "content": seen})
+                args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
+                traj.tool_calls.append(ToolCallRecord(
+                    turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
+                    error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached))
+            delta = chat.tool_response_delta(tool_msgs, turn_closed=closed)
+            used = len(traj.prompt_ids) + len(traj.response_ids)
+            # Room must remain for at least one generated token after the tool turn.
+            if used + len(delta) >= cfg.max_context_tokens:
+                traj.finish_reason = "context_length"
+                return
+            if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
+                traj.finish_reason = "token_budget"
+                return
+            out_buf.append("tool", delta, None, chat.decode(delta))
+            traj.messages.extend(tool_msgs)
+        traj.finish_reason = "max_turns"  # unreachable unless horizon < 1
+
+    # ---- a batch --------------------------------------------------------------------------------------------
+    async def run_batch(
+        self,
+        tasks: list[dict[str, Any]],
+        samples_per_prompt: int | None = None,
+        horizon: int | None = None,
+        seed: int | None = 0,
+        sampling: SamplingParams | None = None,
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """`samples_per_prompt` trajectories per task (one GRPO group each), all in flight at once (bounded by
+        `max_concurrent_trajectories`). Returns trajectories in (task, sample) order and `rollout/*` + `tools/*`
+        metrics. The ToolManager's counters are reset at the start, so `tools/*` covers this batch only."""
+        n = samples_per_prompt or self.cfg.samples_per_prompt
+        horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
+        gate = asyncio.Semaphore(self.cfg.max_concurrent_trajectories)
+        if self.tools is not None:
+            self.tools.reset_metrics()
+
+        async def one(ti: int, task: dict[str, Any], k: int) -> Trajectory:
+            async with gate:
+                gid = f"{task.get('id', ti)}@{ti}"
+                return await self.run_one(task, sample_index=k, group_id=gid, horizon=horizon, sampling=sampling,
+                                          seed=None if seed is None else mix_seed(seed, ti, k))
+
+        t0 = time.perf_counter()
+        trajs = list(await asyncio.gather(*(one(ti, t, k) for ti, t in enumerate(tasks) for k in range(n))))
+        wall_s = time.perf_counter() - t0
+        metrics = rollout_metrics(trajs, wall_s)
+        if self.tools is not None:
+            metrics.update(self.tools.metrics())
+        return trajs, metrics
+
+
+def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dict[str, float]:
+    """`rollout/*` metrics of a batch: turns, finish reasons, errors, tokens, tool calls, timings."""
+    count = len(trajs)
+    if count == 0:
+        return {"rollout/trajectories": 0}
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    reasons = Counter(t.finish_reason for t in trajs)
+    calls = [len(t.tool_calls) for t in trajs]
+    m: dict[str, float] = {
+        "rollout/trajectories": count,
+        "rollout/num_turns_mean": mean([t.num_turns for t in trajs]),
+        "rollout/num_turns_max": max(t.num_turns for t in trajs),
+        "rollout/response_tokens_mean": mean([len(t.response_ids) for t in trajs]),
+        "rollout/response_tokens_max": max(len(t.response_ids) for t in trajs),
+        "rollout/policy_tokens_mean": mean([sum(t.loss_mask) for t in trajs]),
+        "rollout/prompt_tokens_mean": mean([len(t.prompt_ids) for t in trajs]),
+        "rollout/tool_calls_mean": mean(calls),
+        "rollout/tool_calls": sum(calls),
+        "rollout/tool_call_errors": sum(c.is_error for t in trajs for c in t.tool_calls),
+        "rollout/errors": reasons.get("error", 0),
+        "rollout/generate_s_mean": mean([t.timings.get("generate_s", 0.0) for t in trajs]),
+        "rollout/tools_s_mean": mean([t.timings.get("tools_s", 0.0) for t in trajs]),
+    }
+    for reason in FINISH_REASONS:
+        m[f"rollout/finish_{reason}"] = reasons.get(reason, 0)
+    if wall_s is not None:
+        m["rollout/wall_s"] = wall_s
+        m["perf/rollout_tokens_per_s"] = sum(len(t.response_ids) for t in trajs) / wall_s if wall_s > 0 else 0.0
+    return m

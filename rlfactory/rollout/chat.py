@@ -1,0 +1,134 @@
+"""`ChatFormat`: the token ids the chat template puts around the policy's turns, computed so earlier tokens never
+change.
+
+The prompt is the template's rendering of the task's messages (tools in the system turn, generation prompt at the
+end). Everything after that is built as a token DELTA: the policy's own tokens are appended as generated, and each
+tool turn adds exactly the tokens the template places after an assistant turn that ended with `<|im_end|>`, up to
+and including the next generation prompt (`<|im_start|>assistant\n`, plus the empty think block when thinking is
+off). Deltas are computed against a fixed dummy history, never the real one: Qwen3's template rewrites earlier
+assistant turns (it drops their `<think>` blocks), so re-rendering the real history would change tokens the policy
+already produced.
+
+Left out: parsing tool calls (`rlfactory.tools.format`) and truncating tool text (`agent_loop`); `decode` is for
+viewing only and its output is never re-encoded into a trajectory.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_CALL_END = "</tool_call>"
+END_OF_TEXT = "<|endoftext|>"
+
+# A marker no real conversation contains: the delta starts right after the `<|im_end|>` that closes it.
+_DUMMY_ASSISTANT = "rlfactory-dummy-assistant-turn"
+_DUMMY_USER = "rlfactory-dummy-user-turn"
+
+
+class ChatFormat:
+    """Token-level chat format for one policy: prompt ids, tool-turn deltas, stop tokens."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        enable_thinking: bool = False,
+        system_prompt: str | None = None,
+        stop_at_tool_call_end: bool = False,
+    ):
+        """`tools` are OpenAI function schemas (`ToolSpec.to_openai()`), rendered by the template into the system
+        turn. `stop_at_tool_call_end` also stops generation after `</tool_call>` (the turn is then closed with a
+        template `<|im_end|>` that is not a policy token)."""
+        self.tokenizer = tokenizer
+        self.tools = list(tools or [])
+        self.enable_thinking = enable_thinking
+        self.system_prompt = system_prompt
+        self.stop_at_tool_call_end = stop_at_tool_call_end
+        self.im_end_id = self._single_token_id(IM_END)
+        self._im_end_text_len = len(IM_END)
+        eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
+        self._extra_stop_ids = [eot] if isinstance(eot, int) and eot != tokenizer.unk_token_id else []
+        self.tool_call_end_id = self._single_token_id(TOOL_CALL_END) if stop_at_tool_call_end else None
+        self.turn_end_ids = frozenset([self.im_end_id, *self._extra_stop_ids])
+        """Special tokens that close a turn (left out of a turn's text; `</tool_call>` is text and stays)."""
+        # The generation prompt alone (e.g. "<|im_start|>assistant\n" or with "<think>\n\n</think>\n\n"): its
+        # tokens end every delta, so callers can check a delta or count its overhead.
+        self.generation_prompt_ids = self.tool_response_delta([])[1:]
+
+    # ---- token ids -------------------------------------------------------------------------------------------
+    def _single_token_id(self, token: str) -> int:
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(
+                f"the tokenizer encodes {token!r} as {len(ids)} tokens; a Qwen-style chat tokenizer with it as a "
+                "special token is needed (rlfactory.rollout.tokenizer.load_qwen_tokenizer)"
+            )
+        return ids[0]
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids (no BOS/EOS added); special-token strings in `text` map to their single ids."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids to text, special tokens kept. For viewing, rewards and parsing only: never re-encode the result."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Tokens that end an assistant turn: `<|im_end|>`, `<|endoftext|>` and optionally `</tool_call>`."""
+        ids = [self.im_end_id, *self._extra_stop_ids]
+        if self.tool_call_end_id is not None:
+            ids.append(self.tool_call_end_id)
+        return ids
+
+    # ---- rendering -------------------------------------------------------------------------------------------
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if self.tools:
+            kwargs["tools"] = self.tools
+        return self.tokenizer.apply_chat_template(messages, enable_thinking=self.enable_thinking, **kwargs)
+
+    def prompt_messages(
+        self, prompt: str | list[dict[str, Any]], system_prompt: str | None = None
+    ) -> list[dict[str, Any]]:
+        """A task's prompt as chat messages: a string becomes one user message; the system prompt (`system_prompt`,
+        else the format's own) goes first unless the messages already start with a system message."""
+        if not isinstance(prompt, (str, list)):
+            raise ValueError(f"a task's prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        system = system_prompt or self.system_prompt
+        if system and not (messages and messages[0].get("role") == "system"):
+            messages.insert(0, {"role": "system", "content": system})
+        return messages
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's ids: the template's rendering of `messages` with the generation prompt appended."""
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def tool_response_delta(self, tool_messages: list[dict[str, Any]], *, turn_closed: bool = True) -> list[int]:
+        """Ids the template places after an assistant turn, through the next generation prompt.
+
+        `tool_messages` are `{"role": "tool", "content": ...}` dicts (content already truncated); an empty list
+        gives just the end of the turn and the next generation prompt. With `turn_closed=True` the assistant turn
+        already ends with the policy's `<|im_end|>` and the delta starts right after it; with False (the turn was
+        cut by `</tool_call>` or the per-turn token limit) the delta starts with the closing `<|im_end|>`.
+        """
+        dummy = [
+            {"role": "user", "content": _DUMMY_USER},
+            {"role": "assistant", "content": _DUMMY_ASSISTANT},
+            *tool_messages,
+        ]
+        text = self._render(dummy, add_generation_prompt=True)
+        at = text.rfind(_DUMMY_ASSISTANT)
+        close = text.find(IM_END, at) if at >= 0 else -1
+        if close < 0:
+            raise ValueError("the chat template does not close an assistant turn with <|im_end|>; use a Qwen3 template")
+        start = close if not turn_closed else close + self._im_end_text_len
+        # <|im_end|> is a special token, so BPE never merges across it: tokenizing the suffix alone gives the same
+        # ids as tokenizing the whole rendering (tests/rollout/test_chat.py checks this).
+        return self.encode(text[start:])

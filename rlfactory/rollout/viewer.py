@@ -1,0 +1,252 @@
+"""A self-contained HTML transcript viewer: one file (inline CSS and JS, no external assets) that opens in any browser.
+
+Each trajectory shows its prompt, its turns (policy tokens highlighted, tool/template tokens greyed: the loss mask
+made visible), the tool calls with arguments, latency, cache hits and errors, the finish reason, and the reward with
+its components when present. Filters narrow the list by finish reason, reward range and text; a toggle switches a
+trajectory to a per-token view (one box per token, coloured by its mask bit) when token texts were supplied.
+
+Everything is rendered server-side with `html.escape`; the JS only filters and toggles, and the per-token data sits
+in `<script type="application/json">` blocks with `<`, `>` and `&` escaped, so transcript text cannot inject markup.
+
+Left out: live updates, charts, diffing two runs.
+"""
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from rlfactory.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{position:sticky;top:0;background:#1d2330;color:#fff;padding:10px 16px;z-index:2}
+header h1{font-size:17px;margin:0 0 6px}
+header label{margin-right:12px}
+header input,header select{font-size:13px}
+#count{margin-left:8px;opacity:.8}
+main{padding:12px 16px}
+.traj{background:#fff;border:1px solid #d6dae1;border-radius:6px;margin:0 0 14px;padding:10px 12px}
+.traj.hidden{display:none}
+.meta{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;font-size:13px}
+.badge{border-radius:10px;padding:1px 8px;font-weight:600;background:#e4e7ec}
+.badge.stop{background:#cdeccf}.badge.error{background:#f7c6c6}.badge.max_turns{background:#fde6b3}
+.badge.token_budget,.badge.context_length{background:#e3d4f5}
+.err{color:#a40000;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
+.turn{margin:6px 0;border-left:4px solid #999;padding:2px 8px}
+.turn .who{font-size:12px;font-weight:600;color:#555}
+.turn pre{margin:2px 0;white-space:pre-wrap;word-break:break-word;font:12.5px/1.4 ui-monospace,monospace}
+.turn.mask1{border-color:#2f7de1;background:#eef5ff}
+.turn.mask0{border-color:#aaa;background:#f1f1f1;color:#666}
+.turn.mixed{border-color:#d00;background:#fff0f0}
+.calls{font-size:12px;margin:2px 0 4px 12px}
+.calls .c{font-family:ui-monospace,monospace}
+.calls .bad{color:#a40000}
+.tok{border:1px solid #ccd;border-radius:3px;padding:0 1px;margin:0 1px 1px 0;display:inline-block;
+     white-space:pre;font:12px ui-monospace,monospace}
+.tok.m1{background:#d7e8ff}.tok.m0{background:#e6e6e6;color:#666}
+.tokens{display:none}.show-tokens .tokens{display:block}.show-tokens .turns{display:none}
+details{margin:4px 0}summary{cursor:pointer;font-size:13px;color:#333}
+"""
+
+_JS = """
+(function(){
+  var trajs = Array.prototype.slice.call(document.querySelectorAll('.traj'));
+  var fr = document.getElementById('f-finish'), rmin = document.getElementById('f-rmin'),
+      rmax = document.getElementById('f-rmax'), q = document.getElementById('f-text'),
+      count = document.getElementById('count');
+  function apply(){
+    var shown = 0, lo = parseFloat(rmin.value), hi = parseFloat(rmax.value), text = q.value.toLowerCase();
+    trajs.forEach(function(t){
+      var ok = !fr.value || t.dataset.finish === fr.value;
+      var r = t.dataset.reward === '' ? NaN : parseFloat(t.dataset.reward);
+      if (!isNaN(lo)) ok = ok && !isNaN(r) && r >= lo;
+      if (!isNaN(hi)) ok = ok && !isNaN(r) && r <= hi;
+      if (ok && text) ok = t.textContent.toLowerCase().indexOf(text) >= 0;
+      t.classList.toggle('hidden', !ok);
+      if (ok) shown++;
+    });
+    count.textContent = shown + ' / ' + trajs.length + ' shown';
+  }
+  [fr, rmin, rmax, q].forEach(function(el){ el.addEventListener('input', apply); });
+  function buildTokens(t){
+    var box = t.querySelector('.tokens');
+    if (box.dataset.built) return;
+    var data = JSON.parse(t.querySelector('script.tokdata').textContent);
+    data.forEach(function(tok){
+      var s = document.createElement('span');
+      s.className = 'tok m' + tok[1];
+      s.textContent = tok[0];
+      s.title = 'id ' + tok[2] + ' · mask ' + tok[1] + (tok[1] ? ' · logprob ' + tok[3] : '');
+      box.appendChild(s);
+    });
+    box.dataset.built = '1';
+  }
+  document.querySelectorAll('button.toggle').forEach(function(b){
+    b.addEventListener('click', function(){
+      var t = b.closest('.traj');
+      buildTokens(t);
+      t.classList.toggle('show-tokens');
+      b.textContent = t.classList.contains('show-tokens') ? 'turn view' : 'token view';
+    });
+  });
+  // Filters and the token view can be preset from the URL (#finish=error&rmin=0.5&text=foo&tokens=1): shareable
+  // links, and how the headless-browser test drives the page.
+  var params = new URLSearchParams(location.hash.replace(/^#/, ''));
+  if (params.has('finish')) fr.value = params.get('finish');
+  if (params.has('rmin')) rmin.value = params.get('rmin');
+  if (params.has('rmax')) rmax.value = params.get('rmax');
+  if (params.has('text')) q.value = params.get('text');
+  if (params.get('tokens') === '1') trajs.forEach(function(t){
+    buildTokens(t); t.classList.add('show-tokens'); t.querySelector('button.toggle').textContent = 'turn view';
+  });
+  window.rlfactoryViewer = {buildTokens: buildTokens, apply: apply};
+  apply();
+})();
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _json_for_script(data: Any) -> str:
+    # Inside <script> only "</" could end the element; escaping <, > and & keeps any text inert.
+    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _span_mask_class(mask: list[int]) -> str:
+    if mask and all(m == 1 for m in mask):
+        return "mask1"
+    if all(m == 0 for m in mask):
+        return "mask0"
+    return "mixed"
+
+
+def _render_calls(calls: list[Any]) -> str:
+    rows = []
+    for c in calls:
+        args = json.dumps(c.arguments, ensure_ascii=False) if c.arguments is not None else "(unparsed)"
+        flags = [f"{c.latency_s * 1000:.0f} ms"]
+        if c.cached:
+            flags.append("cached")
+        cls = "c"
+        if c.is_error:
+            flags.append(f"error: {c.error_kind or 'tool_error'}")
+            cls += " bad"
+        rows.append(f'<div class="{cls}">&#8594; {_e(c.name)}({_e(args)}) <i>{_e(", ".join(flags))}</i></div>')
+    return f'<div class="calls">{"".join(rows)}</div>' if rows else ""
+
+
+def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] | None) -> str:
+    reward = "" if t.reward is None else f"{t.reward:.6g}"
+    policy_tokens = sum(t.loss_mask)
+    meta = [
+        f'<span class="badge {_e(t.finish_reason)}">{_e(t.finish_reason)}</span>',
+        f"<b>{_e(t.id)}</b>",
+    ]
+    if t.task_id is not None:
+        meta.append(f"task {_e(t.task_id)}")
+    if t.group_id is not None:
+        meta.append(f"group {_e(t.group_id)} #{t.sample_index}")
+    meta.append(f"reward <b>{_e(reward or '–')}</b>")
+    if t.reward_components:
+        comps = ", ".join(f"{k}={v:.4g}" for k, v in t.reward_components.items())
+        meta.append(f'<span class="components">{_e(comps)}</span>')
+    if t.reward_failed:
+        meta.append('<span class="err">reward failed</span>')
+    meta.append(f"{t.num_turns} turns" + (f" / horizon {t.horizon}" if t.horizon is not None else ""))
+    meta.append(f"{len(t.prompt_ids)} prompt + {len(t.response_ids)} response tokens ({policy_tokens} policy)")
+    if t.timings:
+        meta.append(_e(" ".join(f"{k}={v:.2f}" for k, v in t.timings.items())))
+
+    prompt_msgs = []
+    for m in t.messages:
+        if m.get("role") in ("assistant", "tool"):
+            break
+        prompt_msgs.append(f'<div class="who">{_e(m.get("role", "?"))}</div><pre>{_e(m.get("content", ""))}</pre>')
+    parts = [f'<div class="meta">{"".join(f"<span>{m}</span>" for m in meta)}'
+             f'<button class="toggle" type="button">token view</button></div>']
+    if t.error:
+        parts.append(f'<div class="err">{_e(t.error)}</div>')
+    if prompt_msgs:
+        parts.append(f'<details><summary>prompt</summary>{"".join(prompt_msgs)}</details>')
+    if t.task.get("answer") is not None:
+        parts.append(f'<div class="meta">expected answer: <code>{_e(t.task["answer"])}</code></div>')
+
+    calls_by_turn: dict[int, list[Any]] = {}
+    for c in t.tool_calls:
+        calls_by_turn.setdefault(c.turn, []).append(c)
+    turns_html, assistant_index = [], 0
+    for span in t.turns:
+        mask_cls = _span_mask_class(t.loss_mask[span.start:span.end])
+        who = "assistant (policy tokens, mask 1)" if span.role == "assistant" else "tool / template (mask 0)"
+        body = f'<div class="who">{_e(who)} · tokens {span.start}–{span.end}</div><pre>{_e(span.text)}</pre>'
+        if span.role == "assistant":
+            body += _render_calls(calls_by_turn.get(assistant_index, []))
+            assistant_index += 1
+        turns_html.append(f'<div class="turn {span.role} {mask_cls}">{body}</div>')
+    parts.append(f'<div class="turns">{"".join(turns_html)}</div>')
+
+    if token_text is not None:
+        toks = [
+            [token_text(tid), m, tid, round(lp, 4)]
+            for tid, m, lp in zip(t.response_ids, t.loss_mask, t.logprobs or [0.0] * len(t.response_ids))
+        ]
+        note = ""
+    else:
+        toks = [[f"#{tid}", m, tid, 0] for tid, m in zip(t.response_ids, t.loss_mask)]
+        note = '<div class="who">(token ids only: no tokenizer was given to the viewer)</div>'
+    parts.append(f'<div class="tokens">{note}</div><script type="application/json" class="tokdata">'
+                 f"{_json_for_script(toks)}</script>")
+    return (f'<section class="traj" id="t{i}" data-finish="{_e(t.finish_reason)}" data-reward="{_e(reward)}">'
+            f'{"".join(parts)}</section>')
+
+
+def render_html(
+    trajectories: Iterable[Trajectory], *, title: str = "rlfactory rollouts",
+    token_text: Callable[[int], str] | None = None,
+) -> str:
+    """The viewer page as a string. `token_text(id)` gives one token's text for the per-token view."""
+    trajs = list(trajectories)
+    reasons = Counter(t.finish_reason for t in trajs)
+    options = "".join(f'<option value="{_e(r)}">{_e(r)} ({n})</option>' for r, n in sorted(reasons.items()))
+    rewards = [t.reward for t in trajs if t.reward is not None]
+    summary = f"{len(trajs)} trajectories"
+    if rewards:
+        summary += f" · mean reward {sum(rewards) / len(rewards):.4g}"
+    controls = (
+        f'<label>finish <select id="f-finish"><option value="">all</option>{options}</select></label>'
+        '<label>reward ≥ <input id="f-rmin" type="number" step="any" size="5"></label>'
+        '<label>reward ≤ <input id="f-rmax" type="number" step="any" size="5"></label>'
+        '<label>text <input id="f-text" type="search" size="18"></label><span id="count"></span>'
+    )
+    body = "".join(_render_trajectory(i, t, token_text) for i, t in enumerate(trajs))
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f'<header><h1>{_e(title)}</h1><div class="summary">{_e(summary)}</div>{controls}</header>'
+        f"<main>{body}</main><script>{_JS}</script></body></html>"
+    )
+
+
+def write_html(
+    trajectories: Iterable[Trajectory], path: str | Path, *, title: str = "rlfactory rollouts",
+    tokenizer: Any | None = None,
+) -> Path:
+    """Write the viewer for `trajectories` to `path` (one self-contained file). With `tokenizer`, the per-token view
+    shows token texts; without, token ids."""
+    token_text = None
+    if tokenizer is not None:
+        token_text = lambda tid: tokenizer.decode([tid], skip_special_tokens=False)  # noqa: E731
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(trajectories, title=title, token_text=token_text), encoding="utf-8")
+    logger.info("wrote transcript viewer %s", path)
+    return path

@@ -1,0 +1,219 @@
+"""Supervision of one configured tool server: its sessions, call limits, timeouts, and restarts.
+
+A `ToolServer` keeps `settings.sessions` long-lived connections (processes, for stdio) and spreads calls over them,
+at most `max_concurrency` in flight (semaphore) and optionally `rate_per_s` (asyncio-throttle). A call past
+`tool_timeout_s` returns a timeout error result.
+
+Failure handling — failed calls are results, never exceptions:
+- crash: a connection that closes under a call (process killed, HTTP session dropped) fails its in-flight calls as
+  `server_error` results and is restarted in the background with exponential backoff (0.1 s doubling to 10 s,
+  reset by a successful call); later calls wait for the restart (within their own timeout).
+- hang: after a timeout the server is pinged; a server that does not answer is treated as crashed (killed,
+  restarted), so a tool that blocks its server's event loop cannot wedge a run.
+
+Left out: tool-name resolution, argument checks, caching and metrics (`manager.py`); the SDK (`mcp_client.py`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from typing import Any
+
+from rlfactory.errors import ToolServerError
+from rlfactory.tools.config import ServerConfig
+from rlfactory.tools.mcp_client import ConnectionLost, MCPConnection, error_result
+from rlfactory.tools.types import ToolResult, ToolSpec
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 10.0
+PING_TIMEOUT_MAX_S = 5.0
+
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+    import anyio
+
+    _timeout = anyio.fail_after
+
+
+class _Slot:
+    """One connection and its restart state."""
+
+    __slots__ = ("conn", "ready", "restart_task", "health_task", "failures", "down_reason")
+
+    def __init__(self, conn: MCPConnection):
+        self.conn = conn
+        self.ready = asyncio.Event()
+        self.restart_task: asyncio.Task[None] | None = None
+        self.health_task: asyncio.Task[None] | None = None
+        self.failures = 0
+        """Crashes since the last successful call: the exponent of the restart backoff."""
+        self.down_reason: str | None = None
+        """Why the last restart attempt failed (calls fail fast meanwhile)."""
+
+
+class ToolServer:
+    """One configured server, supervised. `start()` connects and lists tools; `call()` never raises for tool or
+    server failures."""
+
+    def __init__(self, cfg: ServerConfig, *, extra_env: dict[str, str] | None = None):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.settings = cfg.settings
+        self.extra_env = extra_env
+        self.tools: list[ToolSpec] = []
+        self.server_info: dict[str, Any] = {}
+        self.startup_s = 0.0
+        self.restarts = 0
+        self._slots: list[_Slot] = []
+        self._rr = 0
+        self._closed = False
+        self._timeout_s = self.settings.tool_timeout_s
+        self._sem: asyncio.Semaphore | None = None
+        self._throttler: Any = None
+
+    def _new_connection(self) -> MCPConnection:
+        return MCPConnection(self.cfg, extra_env=self.extra_env)
+
+    async def start(self) -> None:
+        """Open every session concurrently and list the tools; raise ToolServerError if the server cannot start."""
+        t0 = time.perf_counter()
+        self._sem = asyncio.Semaphore(self.settings.max_concurrency)
+        if self.settings.rate_per_s is not None:
+            from asyncio_throttle import Throttler
+
+            rate = self.settings.rate_per_s
+            limit = max(1, round(rate))
+            self._throttler = Throttler(rate_limit=limit, period=limit / rate)
+        conns = [self._new_connection() for _ in range(self.settings.sessions)]
+        outcomes = await asyncio.gather(*(c.open(self.settings.startup_timeout_s) for c in conns),
+                                        return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+            err = failed[0]
+            raise err if isinstance(err, ToolServerError) else ToolServerError(f"server '{self.name}': {err!r}")
+        try:
+            self.tools = await asyncio.wait_for(conns[0].list_tools(), self.settings.startup_timeout_s)
+        except Exception as e:
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+            raise ToolServerError(f"server '{self.name}' failed to list its tools: {e!r}") from None
+        self.server_info = conns[0].server_info
+        self._slots = [_Slot(c) for c in conns]
+        for slot in self._slots:
+            slot.ready.set()
+        self.startup_s = time.perf_counter() - t0
+
+    @property
+    def connections(self) -> list[MCPConnection]:
+        """The live connections (one per session), e.g. for a raw SDK baseline in benchmarks."""
+        return [s.conn for s in self._slots]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for s in self._slots if (p := s.conn.pid) is not None]
+
+    @property
+    def healthy(self) -> bool:
+        return any(s.ready.is_set() for s in self._slots)
+
+    def _pick(self) -> _Slot:
+        slots = self._slots
+        if len(slots) == 1:
+            return slots[0]
+        i = self._rr = (self._rr + 1) % len(slots)
+        slot = slots[i]
+        if not slot.ready.is_set():
+            for other in slots:
+                if other.ready.is_set():
+                    return other
+        return slot
+
+    async def call(self, tool: str, arguments: dict[str, Any], name: str) -> ToolResult:
+        """Run one call under the server's limits; failures come back as error results."""
+        assert self._sem is not None, "ToolServer.start() was not awaited"
+        async with self._sem:
+            if self._throttler is not None:
+                async with self._throttler:
+                    pass
+            slot = self._pick()
+            conn = slot.conn
+            try:
+                async with _timeout(self._timeout_s):
+                    if not slot.ready.is_set():
+                        if slot.down_reason is not None:
+                            return error_result(name, self.name, "server_error",
+                                                f"Error: tool server '{self.name}' is down ({slot.down_reason})")
+                        await slot.ready.wait()
+                        conn = slot.conn
+                    result = await conn.call(tool, arguments, name)
+            except TimeoutError:
+                self._check_health(slot, conn)
+                return error_result(name, self.name, "timeout",
+                                    f"Error: {name} did not finish within {self._timeout_s:g} s")
+            except ConnectionLost as e:
+                self._schedule_restart(slot, conn, str(e).split(";")[0])
+                return error_result(name, self.name, "server_error",
+                                    f"Error: tool server '{self.name}' stopped during {name}; it is being restarted")
+            slot.failures = 0
+            return result
+
+    # -- supervision -----------------------------------------------------------------------------------------------
+    def _schedule_restart(self, slot: _Slot, conn: MCPConnection, reason: str) -> None:
+        if self._closed or slot.conn is not conn or slot.restart_task is not None:
+            return
+        slot.ready.clear()
+        slot.restart_task = asyncio.create_task(self._restart(slot, reason), name=f"restart-{self.name}")
+
+    async def _restart(self, slot: _Slot, reason: str) -> None:
+        log.warning("tool server '%s' lost (%s); restarting", self.name, reason)
+        try:
+            await slot.conn.close()
+            while not self._closed:
+                slot.failures += 1
+                await asyncio.sleep(min(BACKOFF_FIRST_S * 2 ** (slot.failures - 1), BACKOFF_MAX_S))
+                conn = self._new_connection()
+                try:
+                    await conn.open(self.settings.startup_timeout_s)
+                except ToolServerError as e:
+                    slot.down_reason = str(e).splitlines()[0]
+                    log.warning("restart of tool server '%s' failed: %s", self.name, e)
+                    continue
+                if self._closed:
+                    await conn.close()
+                    return
+                slot.conn, slot.down_reason = conn, None
+                self.restarts += 1
+                slot.ready.set()
+                log.info("tool server '%s' restarted", self.name)
+                return
+        finally:
+            slot.restart_task = None
+
+    def _check_health(self, slot: _Slot, conn: MCPConnection) -> None:
+        if self._closed or slot.health_task is not None or slot.conn is not conn:
+            return
+
+        async def probe() -> None:
+            try:
+                if not await conn.ping(min(PING_TIMEOUT_MAX_S, self._timeout_s)):
+                    self._schedule_restart(slot, conn, "no answer to a ping after a call timed out (hung)")
+            finally:
+                slot.health_task = None
+
+        slot.health_task = asyncio.create_task(probe(), name=f"ping-{self.name}")
+
+    async def close(self) -> None:
+        """Stop supervision and end every session (for stdio: the processes)."""
+        self._closed = True
+        tasks = [t for s in self._slots for t in (s.restart_task, s.health_task) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(s.conn.close() for s in self._slots), return_exceptions=True)
+        for s in self._slots:
+            s.ready.clear()

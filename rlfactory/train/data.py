@@ -1,0 +1,105 @@
+"""Tasks for training and evaluation: rows of a JSONL/JSON/parquet file mapped to task dicts, and a seeded sampler
+whose position is part of a checkpoint (so a resumed run sees the same prompts it would have seen).
+
+A task is `{"id", "prompt", "answer", "metadata", "system_prompt"?}`: `prompt` is a string or chat messages,
+`metadata` holds the row's other fields (or `data.metadata_fields`). Left out: streaming datasets, shuffling
+buffers, curriculum ordering.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rlfactory.errors import ConfigError
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a JSONL, JSON (a list) or parquet file; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise ConfigError("a .json data file must hold a list of rows (or use JSONL)", file=str(path))
+        return data
+    rows = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"line {n}: invalid JSON ({e.msg})", file=str(path)) from None
+    return rows
+
+
+def load_tasks(path: str | Path, data: Any, limit: int | None = None) -> list[dict[str, Any]]:
+    """Rows mapped through the recipe's `data:` field names into task dicts."""
+    rows = read_rows(path)
+    if limit is not None:
+        rows = rows[:limit]
+    if not rows:
+        raise ConfigError("no rows", file=str(path))
+    tasks = []
+    for i, row in enumerate(rows):
+        if data.prompt_field not in row:
+            raise ConfigError(f"row {i + 1}: no field {data.prompt_field!r} (data.prompt_field)", file=str(path))
+        keep = data.metadata_fields
+        meta = {k: row[k] for k in keep} if keep else {
+            k: v for k, v in row.items() if k not in (data.prompt_field, data.answer_field, data.id_field)
+        }
+        task = {
+            "id": str(row.get(data.id_field, i)) if data.id_field else str(i),
+            "prompt": row[data.prompt_field],
+            "answer": row.get(data.answer_field),
+            "metadata": meta,
+        }
+        if data.system_prompt_field and row.get(data.system_prompt_field):
+            task["system_prompt"] = row[data.system_prompt_field]
+        tasks.append(task)
+    return tasks
+
+
+class TaskSampler:
+    """Epoch-wise seeded permutations of task indices. `state()`/`load_state()` capture the position exactly."""
+
+    def __init__(self, n_tasks: int, seed: int):
+        self.n = n_tasks
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self, k: int) -> list[int]:
+        """The next k task indices (crossing into the next epoch's permutation as needed)."""
+        out = []
+        while len(out) < k:
+            if self.pos >= self.n:
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
+
+    def load_state(self, st: dict[str, int]) -> None:
+        if st.get("n") != self.n:
+            raise ConfigError(f"the checkpoint was made with {st.get('n')} training tasks, the data file now has "
+                              f"{self.n}; resume with the same data.train_file")
+        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,127 @@
+"""The rollout side of the local engine: tokenizer, policy model (+ LoRA), tool servers, chat format, HF engine,
+AgentLoop and RewardSet, built from a Recipe and torn down together.
+
+The engine generates with the trainer's own model object (no copy): after an optimizer step the next rollout
+already uses the new weights. Left out: the training loop (`local.py`), vLLM (the verl engine's job).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from rlfactory.errors import ConfigError, RLFactoryError
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(recipe: Any, model_path: str | Path | None = None) -> Any:
+    """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template."""
+    from rlfactory.rollout.tokenizer import attach_chat_template, load_qwen_tokenizer
+
+    path = recipe.tokenizer.path or str(model_path or recipe.model.path)
+    if path == "qwen3-offline":
+        tok = load_qwen_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise RLFactoryError(f"tokenizer: cannot load {path!r}: {e}. Point tokenizer.path (or model.path) at a "
+                                 f"folder with tokenizer files, or use tokenizer.path: qwen3-offline") from None
+    if recipe.tokenizer.chat_template:
+        tok.chat_template = Path(recipe.tokenizer.chat_template).read_text()
+    elif not getattr(tok, "chat_template", None):
+        tok = attach_chat_template(tok)
+    return tok
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    for cand in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if isinstance(cand, int):
+            return cand
+    return 0
+
+
+def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) -> Any:
+    """The policy: the HF model in the recipe's dtype on `device`, wrapped in a LoRA adapter when enabled."""
+    import torch
+
+    from rlfactory.models import load_model
+
+    dtype = recipe.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    path = str(model_path or recipe.model.path)
+    if not Path(path).exists():
+        raise ConfigError(f"model.path: folder not found: {path} (rlfactory does not download models; pass "
+                          f"--set model.path=DIR)", file=recipe.source)
+    model = load_model(path, dtype=dtype, device=device)
+    if recipe.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = True  # generation (eval mode) still uses the KV cache
+    lora = recipe.model.lora
+    if lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        names = {n.split(".")[-1] for n, _ in model.named_modules()}
+        missing = [m for m in lora.target_modules if m not in names]
+        if missing:
+            raise ConfigError(f"model.lora.target_modules: {missing} are not modules of {path}", file=recipe.source)
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    model.eval()
+    return model
+
+
+@dataclass
+class RolloutSide:
+    """Everything a training step needs to produce scored trajectories."""
+
+    tokenizer: Any
+    chat: Any
+    engine: Any
+    tools: Any | None
+    loop: Any
+    rewards: Any
+    cache: Any | None
+
+
+@contextlib.asynccontextmanager
+async def open_rollout_side(recipe: Any, model: Any, tokenizer: Any, device: Any,
+                            run_dir: str | Path) -> AsyncIterator[RolloutSide]:
+    """Start the tool servers and the engine; stop both on exit (also on errors and Ctrl-C)."""
+    from rlfactory.reward import RewardSet
+    from rlfactory.rollout.agent_loop import AgentLoop
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.rollout.hf_engine import HFEngine
+    from rlfactory.tools.cache import make_cache
+    from rlfactory.tools.manager import ToolManager
+
+    cache = None
+    tools = None
+    engine = None
+    try:
+        if recipe.tools.mcp_configs:
+            cache = make_cache(recipe.tools.cache, Path(run_dir) / "tool_cache.rdb")
+            tools = ToolManager.from_files(recipe.tools.mcp_configs, cache=cache)
+            await tools.start()
+        rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
+        chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,
+                          enable_thinking=recipe.rollout.enable_thinking, system_prompt=recipe.rollout.system_prompt)
+        engine = HFEngine(model, pad_token_id=pad_id_of(tokenizer), eos_token_ids=chat.stop_token_ids,
+                          max_batch_size=max(1, min(recipe.rollout.max_concurrent_trajectories, 256)),
+                          device=device, tokenizer=tokenizer)
+        loop = AgentLoop(engine, tools, chat, recipe.rollout)
+        yield RolloutSide(tokenizer, chat, engine, tools, loop, rewards, cache)
+    finally:
+        if engine is not None:
+            await engine.close()
+        if tools is not None:
+            await tools.close()
+        if cache is not None:  # the ToolManager leaves the cache (an embedded redis-server) to its owner
+            with contextlib.suppress(Exception):
+                await cache.close()

@@ -1,0 +1,77 @@
+"""Helpers for the tool-layer tests: configs for the misbehaving test server, child-process checks, HTTP servers."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+SERVERS = Path(__file__).parent / "servers"
+TOOLBOX = SERVERS / "toolbox.py"
+
+
+def toolbox_entry(*extra_args: str, **settings) -> dict:
+    entry: dict = {"command": "python", "args": [str(TOOLBOX), *extra_args]}
+    if settings:
+        entry["rlfactory"] = settings
+    return entry
+
+
+def write_config(path: Path, servers: dict) -> Path:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) descendants of this test process."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class HttpToolbox:
+    """The toolbox server over streamable HTTP on 127.0.0.1:port, as a subprocess this test owns."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(TOOLBOX), "--http", str(self.port), "--name", "web"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"HTTP toolbox exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"HTTP toolbox did not listen on {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
