@@ -68,7 +68,7 @@ def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,
     _check_or_raise(recipe, for_training=checkpoint is None)
     if not recipe.data.val_file:
         raise ConfigError("data.val_file is empty: evaluation needs a validation file")
-    from rlfactory.train.local import evaluate_local
+    from rlfactory.train.evaluate import evaluate_local
 
     return evaluate_local(recipe, checkpoint=checkpoint, output_dir=output_dir)
 

@@ -372,44 +372,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str = 
     return out
 
 
-def cross_field_problems(r: Recipe) -> list[str]:
-    """Arithmetic between fields: batch sizes that don't divide, budgets larger than the context, horizons larger
-    than the budgets, reward weights all zero, KL settings that contradict each other."""
-    p: list[str] = []
-    a, t, ro = r.algorithm, r.trainer, r.rollout
-    samples = t.prompts_per_step * ro.samples_per_prompt
-    if t.prompts_per_step % a.mini_batches_per_step:
-        p.append(f"algorithm.mini_batches_per_step ({a.mini_batches_per_step}) must divide trainer.prompts_per_step "
-                 f"({t.prompts_per_step}): GRPO groups are not split across mini-batches")
-    else:
-        mini = samples // a.mini_batches_per_step
-        if mini % a.micro_batch_size:
-            p.append(f"algorithm.micro_batch_size ({a.micro_batch_size}) must divide the mini-batch of {mini} "
-                     f"trajectories (trainer.prompts_per_step {t.prompts_per_step} x rollout.samples_per_prompt "
-                     f"{ro.samples_per_prompt} / algorithm.mini_batches_per_step {a.mini_batches_per_step})")
-    if ro.max_response_tokens >= ro.max_context_tokens:
-        p.append(f"rollout.max_response_tokens ({ro.max_response_tokens}) must be smaller than "
-                 f"rollout.max_context_tokens ({ro.max_context_tokens}): the prompt needs room too")
-    if ro.sampling.max_new_tokens_per_turn > ro.max_response_tokens:
-        p.append(f"rollout.sampling.max_new_tokens_per_turn ({ro.sampling.max_new_tokens_per_turn}) is larger than "
-                 f"rollout.max_response_tokens ({ro.max_response_tokens})")
-    if ro.tool_response_max_tokens > ro.max_response_tokens:
-        p.append(f"rollout.tool_response_max_tokens ({ro.tool_response_max_tokens}) is larger than "
-                 f"rollout.max_response_tokens ({ro.max_response_tokens})")
-    horizon = getattr(ro.horizon, "turns", None) or max(getattr(ro.horizon, "horizons", [1]))
-    # Each assistant turn takes at least one token and each tool turn more: a horizon past the budget can't be used.
-    if horizon * 2 > ro.max_response_tokens:
-        p.append(f"rollout.horizon allows {horizon} turns but rollout.max_response_tokens ({ro.max_response_tokens}) "
-                 f"cannot hold that many turns; raise the budget or lower the horizon")
-    if r.rewards.functions and all(f.weight == 0 for f in r.rewards.functions):
-        p.append("rewards.functions: every weight is 0, so nothing is trained; give at least one a non-zero weight")
-    if a.kl.coef > 0 and not a.kl.use_reference:
-        p.append(f"algorithm.kl.coef is {a.kl.coef} but algorithm.kl.use_reference is false: set use_reference: true "
-                 f"or coef: 0")
-    if t.eval_samples_per_prompt > 1 and t.eval_temperature == 0:
-        p.append(f"trainer.eval_samples_per_prompt is {t.eval_samples_per_prompt} with trainer.eval_temperature 0: "
-                 f"greedy samples are identical; set eval_temperature > 0 or eval_samples_per_prompt: 1")
-    return p
+def cross_field_problems(r: "Recipe") -> list[str]:
+    """Arithmetic between fields (see rlfactory/train/validate.py)."""
+    from rlfactory.train.validate import cross_field_problems as _cross
+
+    return _cross(r)
 
 
 def _summary(problems: list[str]) -> str:

@@ -25,24 +25,25 @@ def tiny_qwen3_config(
     num_layers: int = 2,
     heads: int = 4,
     kv_heads: int = 2,
+    head_dim: int = 32,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
     rope_theta: float = 1_000_000.0,
     tie_word_embeddings: bool = False,
     initializer_range: float = 0.02,
 ) -> Any:
-    """A `Qwen3Config` at toy size. head_dim = hidden_size // heads; intermediate defaults to 3 x hidden.
+    """A `Qwen3Config` at toy size; intermediate defaults to 3 x hidden.
+
+    `head_dim` is set on its own, as in real Qwen3 (heads x head_dim need not equal hidden_size): 32 is the
+    smallest head size vLLM's CPU attention supports (16 fails with "Unsupported CPU attention configuration").
 
     Embeddings are untied by default: a random model with tied embeddings greedily repeats its last input token
     (logits ~ h . E with h dominated by that token's embedding), which makes greedy checks meaningless.
     """
     from transformers import Qwen3Config  # noqa: PLC0415
 
-    if hidden_size % heads or heads % kv_heads:
-        raise ValueError(
-            f"tiny_qwen3_config: hidden_size ({hidden_size}) must be divisible by heads ({heads}) and heads by "
-            f"kv_heads ({kv_heads})"
-        )
+    if heads % kv_heads:
+        raise ValueError(f"tiny_qwen3_config: heads ({heads}) must be divisible by kv_heads ({kv_heads})")
     has_qwen_ids = vocab_size > QWEN3_EOS_ID
     return Qwen3Config(
         vocab_size=vocab_size,
@@ -51,7 +52,7 @@ def tiny_qwen3_config(
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=hidden_size // heads,
+        head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         max_window_layers=num_layers,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},

@@ -89,6 +89,10 @@ REGISTRY: dict[str, str] = {
     "tool_use_required": "rewards.format:tool_use_required",
     "tool_success_per_turn": "rewards.format:tool_success_per_turn",
     "llm_judge": "rewards.judge:llm_judge",
+    "env_score": "rewards.env:env_score",
+    "env_success": "rewards.env:env_success",
+    "env_return": "rewards.env:env_return",
+    "env_step_rewards": "rewards.env:env_step_rewards",
 }
 
 INJECTABLE = ("trajectory", "completion", "final_response", "answer", "tool_calls", "task", "messages", "metadata",

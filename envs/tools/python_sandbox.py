@@ -11,8 +11,9 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
 - files: an audit hook refuses opening for writing, removing, renaming, chmod… of any path outside the scratch
   directory (after resolving symlinks; hard links to outside files are refused); RLIMIT_FSIZE caps file size.
 - processes: the audit hook refuses fork/exec/spawn/system/subprocess, and ctypes lookups of fork/exec/syscall/…
-  (ctypes itself stays importable: numpy needs it), so a fork bomb cannot start a second process; with a per-snippet uid (below) RLIMIT_NPROC caps processes too,
-  and when a PID namespace is available (`unshare --pid`) killing the sandbox kills everything in it.
+  (ctypes itself stays importable: numpy needs it), so a fork bomb cannot start a second process; with a
+  per-snippet uid (below) RLIMIT_NPROC caps processes too, and when a PID namespace is available
+  (`unshare --pid`) killing the sandbox kills everything in it.
 - network: a new network namespace (`unshare -n`, needs root or unprivileged user namespaces) when available, and
   in every case the audit hook refuses creating sockets and name lookups (no DNS leaks).
 - signals: the hook refuses kill()/killpg() of any process but the snippet's own.
@@ -28,6 +29,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -72,13 +74,14 @@ DENY_SYMBOLS = frozenset({
     "fopen", "fopen64", "unlink", "unlinkat", "rename", "renameat", "mkdir", "rmdir", "chmod", "truncate",
     "symlink", "link", "mprotect", "PySys_AddAuditHook", "_PySys_ClearAuditHooks"})
 ONE_PATH = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
-                      "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree"})
+                      "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree",
+                      "sqlite3.connect"})
 TWO_PATHS = frozenset({"os.rename", "os.link"})  # both ends must be inside (a hard link would alias outside)
 
 # Everything the hook uses is bound as a default argument, and setting attributes of the hook itself is refused,
 # so a snippet rebinding module globals or the hook's __defaults__/__code__ does not change what it checks.
-def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), realpath=os.path.realpath, fsdecode=os.fsdecode,
-         join=os.path.join, getpid=os.getpid, isinstance=isinstance, str=str, int=int, any=any,
+def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), realpath=os.path.realpath,
+         fsdecode=os.fsdecode, join=os.path.join, getpid=os.getpid, isinstance=isinstance, str=str, int=int, any=any,
          PermissionError=PermissionError, WRITE_FLAGS=WRITE_FLAGS, DENY=DENY,
          ONE_PATH=ONE_PATH, TWO_PATHS=TWO_PATHS, getattr=getattr, DENY_SYMBOLS=DENY_SYMBOLS,
          DEVICES=("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr")):
@@ -221,7 +224,8 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_snippet(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> str:
-    timeout_s = min(max(float(timeout_s), 0.1), limits.max_timeout_s)
+    timeout_s = float(timeout_s) if math.isfinite(float(timeout_s)) else 5.0
+    timeout_s = min(max(timeout_s, 0.1), limits.max_timeout_s)
     scratch = tempfile.mkdtemp(prefix="rlf-python-")
     try:
         Path(scratch, "main.py").write_text(code, encoding="utf-8")

@@ -6,6 +6,7 @@ same code path as the Python API) and `rlfactory.train.report`.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -70,7 +71,7 @@ def train_cmd(
             fail(f"--engine {engine!r}: use local or verl")
         overrides.append(f"engine={engine}")
     if output_dir is not None:
-        overrides.append(f"trainer.output_dir={output_dir.resolve()}")
+        overrides.append(f"trainer.output_dir={json.dumps(str(output_dir.resolve()))}")  # JSON is YAML: any path
     r = _check_or_fail(recipe, overrides, for_training=not (dry_run or engine == "verl"))
     if r.engine == "verl" or dry_run:
         _verl(r, dry_run=dry_run, resume=resume)

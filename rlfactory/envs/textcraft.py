@@ -83,7 +83,8 @@ class RecipeBook:
             if item in seen or item in self.base_items:
                 return
             seen.add(item)
-            recipe = min(self.by_output[item], key=lambda r: (max(self.depth.get(i, 0) for i, _ in r.inputs), r.command))
+            recipe = min(self.by_output[item],
+                         key=lambda r: (max(self.depth.get(i, 0) for i, _ in r.inputs), r.command))
             out.append(recipe)
             for i, _ in recipe.inputs:
                 visit(i)

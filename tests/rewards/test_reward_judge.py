@@ -3,6 +3,7 @@ model: junk replies, so retries, timeouts, forced choices and caching are what i
 server written here (deterministic replies, so parsing, 5xx retries and the concurrency limit are checked)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -50,12 +51,18 @@ async def test_junk_replies_are_retried_then_raise(served_model):
     assert served_model.health()["requests"] - before == 3
 
 
-async def test_timeouts_are_retried_then_raise(served_model):
-    before = served_model.health()["requests"]
+async def test_timeouts_are_retried_then_raise_and_the_server_stops_generating(served_model):
+    before = served_model.health()
     with pytest.raises(JudgeError, match="after 2 attempts: timed out"):
         await llm_judge("42", TASK, "42", base_url=served_model.base_url, model="tiny-random", max_tokens=400,
                         temperature=1.0, timeout_s=0.05, retries=1, backoff_s=0.01)
-    assert served_model.health()["requests"] - before == 2
+    assert served_model.health()["requests"] - before["requests"] == 2
+    # serve cancels a generation whose client hung up: wait until the engine is idle, then count tokens
+    previous, now = -1, served_model.health()["engine"]["generated_tokens"]
+    while now != previous:
+        await asyncio.sleep(1.0)
+        previous, now = now, served_model.health()["engine"]["generated_tokens"]
+    assert now - before["engine"]["generated_tokens"] < 400  # two abandoned requests, not 2 x 400 tokens
 
 
 async def test_forced_choice_scores_and_second_call_is_a_cache_hit(served_model, redis_server, tmp_path):
@@ -187,8 +194,6 @@ async def test_client_errors_are_not_retried(fixed_replies):
 
 
 async def test_concurrency_limit_per_endpoint(fixed_replies):
-    import asyncio
-
     server = fixed_replies((200, "Score: 5", 0.05))
     scores = await asyncio.gather(*(llm_judge(f"r{i}", TASK, "42", base_url=server.base_url, model="m",
                                               concurrency=2) for i in range(8)))

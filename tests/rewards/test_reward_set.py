@@ -244,3 +244,21 @@ async def test_scoring_does_not_block_other_coroutines(recipe_dir, make_traj):
     await rs.score([make_traj(["x"], tid=f"t{i}") for i in range(4)])
     task.cancel()
     assert ticks > 1
+
+
+def test_every_registered_name_loads_and_takes_only_suppliable_parameters(tmp_path):
+    from rlfactory.reward import REGISTRY
+
+    # llm_judge needs its endpoint in kwargs; everything else loads with no kwargs at all
+    specs = [RewardSpec(function=n, kwargs={"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+                        if n == "llm_judge" else {}) for n in REGISTRY]
+    rs = RewardSet.from_config(RewardsConfig(functions=specs), tmp_path)
+    assert [f.name for f in rs.functions] == list(REGISTRY)
+    assert next(f for f in rs.functions if f.name == "llm_judge").is_async
+
+
+def test_a_judge_without_its_endpoint_is_rejected_up_front(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        RewardSet.from_config(RewardsConfig(functions=[RewardSpec(function="llm_judge")]), tmp_path)
+    assert [p.split(" of ")[0] for p in info.value.problems] == [
+        "rewards.functions[0].function: parameter 'base_url'", "rewards.functions[0].function: parameter 'model'"]

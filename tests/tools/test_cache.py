@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 
+import psutil
 import pytest
 import redis
 
@@ -184,9 +185,11 @@ async def test_embedded_cache_roundtrip_shared_url_and_persistence(tmp_path):
         other = redis.Redis.from_url(cache.url)
         assert other.exists(f"rlfactory:tool:{key}") == 1
         other.close()
+        server_pid = cache._server.pid
     finally:
         await cache.close()
     assert path.exists()  # saved on close
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
 
     again = EmbeddedCache(path)
     try:

@@ -190,7 +190,8 @@ FRAGMENTS = st.sampled_from([
     "<tool_call>", "</tool_call>", "<tool_call>\n", "\n</tool_call>", "<think>", "</think>", "{", "}", "[", "]",
     '"name"', '"arguments"', ":", ",", '"calculator"', '"search"', "null", "1e999", "-0", '"\\u0000"', '"\\ud800"',
     '{"name": "search", "arguments": {"query": "x"}}', '{"name": 5}', '"arguments": "{\\"a\\": 1}"',
-    "```json", "```", "ünï©ødé ✓ 日本語", "\x00", "\ud800", " ", "\n", "<tool_response>", "9" * 5000, "[" * 3000,
+    "```json", "```", "ünï©ødé ✓ 日本語", "\x00", "\ud800", " ", "\n", "<tool_response>",
+    "9" * 5000, "[" * 3000,
 ])
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
@@ -256,3 +257,16 @@ def test_fuzz_well_formed_calls_round_trip(calls, between):
     assert parsed.errors == []
     assert [(c.name, c.arguments) for c in parsed.calls] == [
         (name, json.loads(json.dumps(args))) for name, args in calls]
+
+
+def test_pathological_inputs_stay_linear():
+    """Inputs that make backtracking regexes quadratic; the parser scans them in one pass (no time assertion:
+    the test would hang, and hit the suite's timeout, if it were quadratic)."""
+    many_thinks = "<think>" * 20_000 + "<tool_call>{}</tool_call>"
+    assert len(parse_tool_calls(many_thinks, max_calls=2).slots) == 1
+    fenced = "<tool_call>```" + (" " * 1000 + "x") * 200 + "```</tool_call>"
+    [err] = parse_tool_calls(fenced, max_calls=2).errors
+    assert err.error_kind == "parse"
+    many_calls = "<tool_call>" * 50_000
+    parsed = parse_tool_calls(many_calls, max_calls=3)
+    assert len(parsed.slots) == 4 and "49997 more were ignored" in parsed.slots[-1].text

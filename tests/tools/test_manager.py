@@ -141,12 +141,3 @@ async def test_sessions_spread_calls_and_close_leaves_no_children(tmp_path):
         assert {int(p) for p in seen} == pids
     assert not any(alive(p) for p in pids)
     assert child_pids() <= before
-
-
-async def test_start_is_concurrent_and_servers_are_independent(tmp_path):
-    cfg = write_config(tmp_path / "m.json", {f"s{i}": toolbox_entry("--name", f"s{i}") for i in range(3)})
-    async with ToolManager.from_files([cfg]) as tm:
-        results = await tm.call_many([call(f"s{i}.echo", text=str(i)) for i in range(3)])
-        assert [r.text for r in results] == ["0", "1", "2"]
-        assert [r.server for r in results] == ["s0", "s1", "s2"]
-        await asyncio.gather(*(tm.call(call("s0.sleep_ms", ms=10)) for _ in range(5)))

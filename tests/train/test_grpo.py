@@ -148,3 +148,19 @@ def test_kl_to_an_identical_reference_is_zero(tiny):
     assert m["loss/kl"] == pytest.approx(0.0, abs=1e-7)
     # k3 (low_var_kl): exp(r) - r - 1 with r = log(ref / policy) = -0.5
     assert m2["loss/kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1, rel=1e-4)
+
+
+def test_compacted_micro_batches_give_the_same_logprobs(tiny):
+    model, tok = tiny
+    trajs = _generated_trajectories(model, tok, 1.0)
+    batch = build_batch(trajs, pad_id=tok.pad_token_id or 0)
+    with torch.no_grad():
+        full = response_logprobs(model, batch)[0]
+        for row in range(len(batch)):
+            mb = batch.select([row]).compact()
+            assert mb.input_ids.shape[1] <= batch.input_ids.shape[1]
+            part = response_logprobs(model, mb)[0]
+            t = part.shape[1]
+            m = batch.response_mask[row, :t].bool()
+            assert torch.allclose(part[0][m], full[row, :t][m], atol=1e-4)
+            assert batch.response_mask[row, t:].sum() == 0  # nothing trained was cut

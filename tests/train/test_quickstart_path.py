@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CALC_CONFIG = REPO / "mcp_configs" / "calculator.json"
+CALC_CONFIG = REPO / "recipes" / "mcp" / "calculator.json"
 SYSTEM = "Use the calculator tool for arithmetic. Give the final answer as <answer>NUMBER</answer>."
 
 
@@ -181,7 +181,7 @@ def _tiny_sft_recipe(tmp_path: Path) -> Path:
     recipe.parent.mkdir(parents=True)
     # Same recipe, paths made absolute, so it runs from a temp folder.
     for rel in ("../models/quickstart-calc", "../data/quickstart/train.jsonl", "../data/quickstart/val.jsonl",
-                "../mcp_configs/calculator.json"):
+                "mcp/calculator.json"):
         target = str((REPO / "recipes" / rel).resolve()) if "models" not in rel else str(tmp_path / "model")
         text = text.replace(rel, target)
     recipe.write_text(text)

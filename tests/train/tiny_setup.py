@@ -38,6 +38,7 @@ def _tool_schemas(mcp_file: Path) -> list[dict[str, Any]]:
 
 
 def build_tiny_setup(root: Path, *, hidden_size: int = 32, num_layers: int = 1, seed: int = 0,
+                     vocab_size: int = 400, tokenizer_tasks: int = 32,
                      recipe_overrides: dict[str, Any] | None = None) -> Path:
     """Write everything under `root`; return the recipe path."""
     from rlfactory.models import build_tiny_qwen3
@@ -48,9 +49,9 @@ def build_tiny_setup(root: Path, *, hidden_size: int = 32, num_layers: int = 1, 
     (root / "mcp.json").write_text(json.dumps({"mcpServers": {"calculator": {
         "command": sys.executable, "args": [str(REPO / "envs" / "tools" / "calculator.py")],
         "rlfactory": {"tool_timeout_s": 10}}}}))
-    tasks = make_arithmetic_tasks(48, seed=seed, digits=(2, 3))
-    tok = build_tokenizer(_transcripts(tasks[:32], _tool_schemas(root / "mcp.json")), vocab_size=400,
-                          model_max_length=1024)
+    tasks = make_arithmetic_tasks(max(48, tokenizer_tasks), seed=seed, digits=(2, 3))
+    tok = build_tokenizer(_transcripts(tasks[:tokenizer_tasks], _tool_schemas(root / "mcp.json")),
+                          vocab_size=vocab_size, model_max_length=1024)
     model = build_tiny_qwen3(len(tok), seed=seed, hidden_size=hidden_size, num_layers=num_layers, heads=2,
                              kv_heads=1, max_position_embeddings=1024)
     model.config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
@@ -61,7 +62,7 @@ def build_tiny_setup(root: Path, *, hidden_size: int = 32, num_layers: int = 1, 
         for t in tasks[:40]:
             f.write(json.dumps(t) + "\n")
     with (root / "val.jsonl").open("w") as f:
-        for t in tasks[40:]:
+        for t in tasks[40:48]:
             f.write(json.dumps(t) + "\n")
     # A reward that varies on a random policy (so GRPO groups have signal), beside the real task reward.
     (root / "shaping.py").write_text(

@@ -1,0 +1,69 @@
+"""What a rollout loop does to drive stateful environment servers: the few rules, as pure functions.
+
+1. `bind_episode`: every call to a tool whose input schema has `episode_id` gets the trajectory's id there (the
+   policy never chooses it), so each trajectory has its own episode on servers shared by many trajectories.
+2. `policy_schema`: the tool schema shown to the policy, without `episode_id`.
+3. `ends_episode`: a tool result whose structured content says `done: true` ends the trajectory.
+4. `close_calls`: when a trajectory ends, close the episodes it opened (one `close` call per environment server it
+   touched), so nothing waits for idle expiry.
+5. `reset_call`: optionally open the task's episode before the first turn from the row's `env` metadata
+   (`{"server": "textcraft", "task_id": 3}`), AgentGym-style, and show its observation in the prompt.
+
+Works on rlfactory's own records (ToolSpec, ToolCall, ToolResult); imports nothing from the MCP SDK.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable
+
+from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
+
+EPISODE_ARG = "episode_id"
+
+
+def takes_episode(spec: ToolSpec | None) -> bool:
+    return spec is not None and EPISODE_ARG in (spec.input_schema.get("properties") or {})
+
+
+def bind_episode(call: ToolCall, spec: ToolSpec | None, episode_id: str) -> ToolCall:
+    """The call with `episode_id` set to the trajectory's (whatever the policy wrote there)."""
+    if not takes_episode(spec):
+        return call
+    return call.model_copy(update={"arguments": {**call.arguments, EPISODE_ARG: episode_id}})
+
+
+def policy_schema(spec: ToolSpec) -> dict[str, Any]:
+    """`spec.to_openai()` without the `episode_id` parameter (rlfactory fills it in)."""
+    schema = spec.to_openai()
+    if not takes_episode(spec):
+        return schema
+    params = copy.deepcopy(schema["function"]["parameters"])
+    params["properties"].pop(EPISODE_ARG, None)
+    if EPISODE_ARG in params.get("required", []):
+        params["required"] = [r for r in params["required"] if r != EPISODE_ARG]
+    schema["function"]["parameters"] = params
+    return schema
+
+
+def ends_episode(result: ToolResult) -> bool:
+    """True when an environment said the episode is over (the trajectory should end after this tool turn)."""
+    return bool(not result.is_error and isinstance(result.structured, dict) and result.structured.get("done"))
+
+
+def close_calls(specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_id: str) -> list[ToolCall]:
+    """One `close` call per environment server in `used_servers` (servers with an episode-taking `close` tool)."""
+    used = set(used_servers)
+    return [ToolCall(name=s.name, arguments={EPISODE_ARG: episode_id})
+            for s in specs if s.server in used and s.tool == "close" and takes_episode(s)]
+
+
+def reset_call(task: dict[str, Any], specs: Iterable[ToolSpec], episode_id: str) -> ToolCall | None:
+    """The `reset` call that opens the task's episode, from `task["env"]` or `task["metadata"]["env"]`
+    (`{"server": name, "task_id": N}`); None when the task names no environment or the server has no `reset`."""
+    env = task.get("env") or (task.get("metadata") or {}).get("env")
+    if not isinstance(env, dict) or "server" not in env:
+        return None
+    spec = next((s for s in specs if s.server == env["server"] and s.tool == "reset"), None)
+    if spec is None:
+        return None
+    return ToolCall(name=spec.name, arguments={"task_id": int(env.get("task_id", 0)), EPISODE_ARG: episode_id})
