@@ -102,9 +102,15 @@ def _verl(recipe: object, *, dry_run: bool, resume: bool) -> None:
     from rlfactory.errors import RLFactoryError
 
     try:
-        verl_engine.run(recipe, dry_run=dry_run, resume=resume)
+        summary = verl_engine.run(recipe, dry_run=dry_run, resume=resume)
     except RLFactoryError as e:
         fail(str(e))
+    for w in (summary or {}).get("warnings", []):
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    if summary and not summary.get("launched"):
+        console.print(f"[green]ok[/green] verl config checked against verl's schema: {summary['config']} "
+                      f"(overrides in {summary['overrides']}, {summary['train_rows']} training rows); nothing "
+                      f"was started", highlight=False, soft_wrap=True)
 
 
 def eval_cmd(

@@ -45,16 +45,19 @@ def sample_rows(
     logits = logits.float()  # [B, V]
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] temperature-scaled
-    greedy_ids = logp.argmax(-1)  # argmax is unchanged by temperature
-    tokens: list[int] = []
-    for i, p in enumerate(params):
-        if p.temperature <= 0:
-            tokens.append(int(greedy_ids[i]))
-            continue
-        row = _truncate(logp[i], p.top_k, p.top_p) if (p.top_k > 0 or p.top_p < 1.0) else logp[i]
-        # Gumbel-max via exponential noise: argmax(p / E) with E ~ Exp(1) samples from p, using this row's RNG.
-        noise = torch.empty_like(row).exponential_(generator=generators[i])
-        tokens.append(int(torch.argmax(row.exp() / noise)))
-    chosen = torch.tensor(tokens, device=logits.device)
+    chosen = logp.argmax(-1)  # [B] greedy picks (argmax is unchanged by temperature)
+    sampled = [i for i, p in enumerate(params) if p.temperature > 0]
+    if sampled:
+        rows = logp[sampled]  # [R, V] (a copy: truncation below must not touch the reported logprobs)
+        for j, i in enumerate(sampled):
+            if params[i].top_k > 0 or params[i].top_p < 1.0:
+                rows[j] = _truncate(rows[j], params[i].top_k, params[i].top_p)
+        # Inverse-CDF sampling: one uniform number per row from that request's own generator, so a seeded request
+        # draws the same tokens whatever batch it is in. float64 keeps the 150k-term cumulative sum exact enough.
+        cdf = rows.double().exp().cumsum(-1)  # [R, V]
+        uniforms = torch.cat([torch.rand(1, generator=generators[i], device=logits.device, dtype=torch.float64)
+                              for i in sampled])  # [R]
+        picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(1)  # [R]
+        chosen[sampled] = picks.clamp(max=logits.shape[-1] - 1)
     token_logp = logp.gather(1, chosen[:, None]).squeeze(1)  # [B]
-    return tokens, token_logp.tolist()
+    return chosen.tolist(), token_logp.tolist()

@@ -214,24 +214,29 @@ class MCPConnection:
                 return specs
             params = mcp_types.PaginatedRequestParams(cursor=page.next_cursor)
 
-    async def call(self, tool: str, arguments: dict[str, Any], name: str) -> ToolResult:
-        """Call a tool; a tool failure is an error result; a dead session raises ConnectionLost."""
+    async def call(self, tool: str, arguments: dict[str, Any], name: str, timeout_s: float) -> ToolResult:
+        """Call a tool; a tool failure or a timeout is an error result; a dead session raises ConnectionLost."""
         session = self.session
         if session is None:
             raise ConnectionLost(f"server '{self.cfg.name}' is not connected")
         try:
             # `send_request` rather than `call_tool`: call_tool re-validates structured output against the tool's
             # output schema with jsonschema on every call (~20-30 % of the client's CPU per call); the policy reads
-            # the text, so that check buys a rollout nothing.
+            # the text, so that check buys a rollout nothing. The timeout rides on the SDK's own per-request clock
+            # (no extra timer per call), which also tells the server to cancel the request.
             result = await session.send_request(
                 mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name=tool, arguments=arguments)),
                 mcp_types.CallToolResult,
+                request_read_timeout_seconds=timeout_s,
             )
         except MCPError as e:
-            if e.code == mcp_types.CONNECTION_CLOSED:
+            code = e.code
+            if code == mcp_types.REQUEST_TIMEOUT:
+                return error_result(name, self.cfg.name, "timeout", f"Error: {name} did not finish within {timeout_s:g} s")
+            if code == mcp_types.CONNECTION_CLOSED:
                 self.lost = True
                 raise ConnectionLost(f"server '{self.cfg.name}' closed the connection{self._stderr_hint()}") from None
-            kind = "bad_arguments" if e.code == mcp_types.INVALID_PARAMS else "server_error"
+            kind = "bad_arguments" if code == mcp_types.INVALID_PARAMS else "server_error"
             return error_result(name, self.cfg.name, kind, f"Error calling {name}: {e.error.message}")
         except (ConnectionError, OSError) as e:  # HTTP transport failures
             self.lost = True

@@ -141,26 +141,36 @@ class ToolServer:
                 async with self._throttler:
                     pass
             slot = self._pick()
+            if not slot.ready.is_set():
+                waited = await self._wait_ready(slot, name)
+                if waited is not None:
+                    return waited
             conn = slot.conn
             try:
-                async with _timeout(self._timeout_s):
-                    if not slot.ready.is_set():
-                        if slot.down_reason is not None:
-                            return error_result(name, self.name, "server_error",
-                                                f"Error: tool server '{self.name}' is down ({slot.down_reason})")
-                        await slot.ready.wait()
-                        conn = slot.conn
-                    result = await conn.call(tool, arguments, name)
-            except TimeoutError:
-                self._check_health(slot, conn)
-                return error_result(name, self.name, "timeout",
-                                    f"Error: {name} did not finish within {self._timeout_s:g} s")
+                result = await conn.call(tool, arguments, name, self._timeout_s)
             except ConnectionLost as e:
                 self._schedule_restart(slot, conn, str(e).split(";")[0])
                 return error_result(name, self.name, "server_error",
                                     f"Error: tool server '{self.name}' stopped during {name}; it is being restarted")
-            slot.failures = 0
+            if result.error_kind == "timeout":
+                self._check_health(slot, conn)
+            else:
+                slot.failures = 0
             return result
+
+    async def _wait_ready(self, slot: _Slot, name: str) -> ToolResult | None:
+        """Wait (within the call's timeout) for a restart in progress; an error result if it does not come."""
+        if slot.down_reason is not None:
+            return error_result(name, self.name, "server_error",
+                                f"Error: tool server '{self.name}' is down ({slot.down_reason})")
+        try:
+            async with _timeout(self._timeout_s):
+                await slot.ready.wait()
+        except TimeoutError:
+            return error_result(name, self.name, "timeout",
+                                f"Error: tool server '{self.name}' was restarting and not back within "
+                                f"{self._timeout_s:g} s")
+        return None
 
     # -- supervision -----------------------------------------------------------------------------------------------
     def _schedule_restart(self, slot: _Slot, conn: MCPConnection, reason: str, *, kill: bool = False) -> None:

@@ -19,6 +19,8 @@ verl keys they mention. Left out: launching (`verl_engine.py`), data conversion 
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
@@ -237,12 +239,12 @@ def verl_settings(recipe: Any, files: VerlFiles, *, train_rows: int, resume: boo
         "actor_rollout_ref.rollout.val_kwargs.do_sample": t.eval_temperature > 0,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(files.agent_loop_yaml),
-        CUSTOM_KEY: {"rlfactory": {"recipe": str(files.recipe), "recipe_base_dir": str(files.recipe_base_dir),
+        "++" + CUSTOM_KEY: {"rlfactory": {"recipe": str(files.recipe), "recipe_base_dir": str(files.recipe_base_dir),
                                    "horizon": r.horizon.model_dump(mode="json"), "score_in_loop": True}},
         # -- rewards: scored in the agent loop (reward_score); verl's reward path, if used, calls our bridge
         "reward.custom_reward_function.path": REWARD_FN_PATH,
         "reward.custom_reward_function.name": REWARD_FN_NAME,
-        "+reward.custom_reward_function.reward_kwargs": {"recipe_path": str(files.recipe),
+        "++reward.custom_reward_function.reward_kwargs": {"recipe_path": str(files.recipe),
                                                          "recipe_base_dir": str(files.recipe_base_dir)},
         # -- trainer
         "trainer.nnodes": v.nnodes,
@@ -261,7 +263,7 @@ def verl_settings(recipe: Any, files: VerlFiles, *, train_rows: int, resume: boo
         "trainer.validation_data_dir": str(out / "eval"),
         "trainer.resume_mode": "auto" if resume else "disable",
         "trainer.device": "cuda",
-        "ray_kwargs.ray_init.runtime_env": {"env_vars": env},
+        "++ray_kwargs.ray_init.runtime_env": {"env_vars": env},
     }
     if recipe.tokenizer.path and recipe.tokenizer.path != "qwen3-offline":
         s["actor_rollout_ref.model.tokenizer_path"] = recipe.tokenizer.path
@@ -340,7 +342,10 @@ def validate(cfg: Any, recipe: Any) -> list[str]:
                         f"(tokenizer, HF config) was not checked; it must exist on every node of the cluster")
     what = "validate_config"
     try:
-        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        with contextlib.redirect_stdout(io.StringIO()) as said:  # verl prints its verdicts; keep the CLI's stdout
+            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
+                            use_critic=need_critic(cfg))
+        logger.debug("verl validate_config: %s", said.getvalue().strip())
         for name, section in sections:
             what = f"the {name} section"
             omega_conf_to_dataclass(section)
