@@ -1,9 +1,10 @@
 """Training-step benchmark for the local engine: where a GRPO step's time goes, and tokens/s, on the quickstart.
 
-    python bench/train_step.py --json bench/results/train_step.json [--steps 4] [--threads 1,2]
+    python bench/train_step.py --json bench/results/train_step.json [--steps 4] [--threads 1,2] [--rounds 2]
 
 Runs `recipes/quickstart.yaml` (the warm 3.3 M-parameter Qwen3 and the real calculator MCP server) for `--steps`
-steps once per torch thread count, side by side in one process run, each from the same start and seed. Per step it
+steps per torch thread count, `--rounds` times interleaved (1, 2, 1, 2, ...) in one process run, each from the same
+start and seed. Per step it
 reads the trainer's own stage timers from metrics.jsonl:
 - `rollout_s`: the rollout stage (wall), split into `engine_busy_s` (the HF engine's forward passes and sampling)
   and the rest (`rollout_other_s`: waiting on tool calls, chat-template deltas, scheduling);
@@ -24,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +57,18 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def run_config(recipe_path: Path, steps: int, threads: int, tmp: Path, model_override: Path | None) -> dict:
+def run_config(recipe_path: Path, steps: int, threads: int, tmp: Path, model_override: Path | None,
+               rnd: int) -> list[dict]:
+    """One training run; its metrics rows after the first step (which pays for warm-up)."""
     from rlfactory.train.local import train_local
 
-    out = tmp / f"threads{threads}"
-    t0 = time.perf_counter()
+    out = tmp / f"threads{threads}-round{rnd}"
     train_local(_recipe(recipe_path, steps, threads, out, model_override))
-    wall = time.perf_counter() - t0
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    body = rows[1:] if len(rows) > 1 else rows  # the first step pays for warm-up
+    return rows[1:] if len(rows) > 1 else rows
+
+
+def summarise(body: list[dict]) -> dict:
     per = {
         "step_s": [r["perf/step_s"] for r in body],
         "rollout_s": [r["perf/rollout_s"] for r in body],
@@ -80,8 +83,7 @@ def run_config(recipe_path: Path, steps: int, threads: int, tmp: Path, model_ove
     }
     res = {k: _median(v) for k, v in per.items()}
     res["steps_measured"] = len(body)
-    res["wall_s_including_startup"] = wall
-    res["reward_mean"] = _median([r["reward/mean"] for r in rows])
+    res["reward_mean"] = _median([r["reward/mean"] for r in body])
     return res
 
 
@@ -90,6 +92,7 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(REPO / "recipes" / "quickstart.yaml"))
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", default="1,2", help="torch thread counts to compare, e.g. 1,2")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per thread count, interleaved (1,2,1,2,...)")
     ap.add_argument("--json", required=True, help="where to write the results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -104,11 +107,16 @@ def main() -> None:
         if not model_dir.is_dir():
             print(f"note: {model_dir} does not exist; using a random model of the quickstart's shape")
             override = _random_quickstart_shape(tmp / "random")
-        results = {f"threads_{n}": run_config(recipe_path, args.steps, n, tmp, override) for n in threads}
+        rows: dict[int, list[dict]] = {n: [] for n in threads}
+        for rnd in range(args.rounds):  # interleaved, so drifting machine load hits every thread count alike
+            for n in threads:
+                rows[n] += run_config(recipe_path, args.steps, n, tmp, override, rnd)
+        results = {f"threads_{n}": summarise(rows[n]) for n in threads}
     base = results[f"threads_{threads[0]}"]["step_s"]
     out = {
         "recipe": str(recipe_path), "model": "random (quickstart shape)" if override else str(model_dir),
-        "steps": args.steps, "cpu_count": os.cpu_count(), "results": results,
+        "steps": args.steps, "rounds": args.rounds, "cpu_count": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0], "results": results,
         "threads_speedup": {f"{threads[0]}->{n}": base / results[f"threads_{n}"]["step_s"] for n in threads[1:]},
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ def _check_or_raise(recipe: Recipe, *, for_training: bool) -> None:
 
     check = check_loaded_recipe(recipe, for_training=for_training)
     if not check.ok:
-        raise ConfigError(f"{len(check.errors)} problem(s) in the recipe", problems=check.errors)
+        head = check.errors[0] if len(check.errors) == 1 else f"{len(check.errors)} problems in the recipe:"
+        raise ConfigError(head, problems=check.errors)
 
 
 def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_run: bool = False) -> dict[str, Any]:

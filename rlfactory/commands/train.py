@@ -14,7 +14,8 @@ import typer
 
 from rlfactory.commands._common import console, err_console, fail
 
-SET_HELP = "Override a recipe field: --set dotted.key=value (repeatable), e.g. --set trainer.total_steps=10."
+SET_HELP = ("Override a recipe field: --set dotted.key=value (repeatable; values are YAML; relative paths resolve "
+            "against the recipe's folder), e.g. --set trainer.total_steps=10.")
 
 
 def _check_or_fail(recipe_path: Path, overrides: list[str], *, for_training: bool) -> object:

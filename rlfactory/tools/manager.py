@@ -16,7 +16,9 @@ async with ToolManager.from_files(["mcp_configs/default.json"], cache=make_cache
   once (single-flight).
 
 Left out: parsing tool calls out of model text (`format.py`), the cache backends (`cache.py`), the SDK
-(`mcp_client.py`), restarts (`server.py`).
+(`mcp_client.py`), restarts (`server.py`). Tools are discovered once at start (a server's `tools/list_changed`
+notification is not followed: a policy's tool set should not change mid-run). The cache is the caller's to start
+and close: one cache usually outlives several managers.
 """
 from __future__ import annotations
 
@@ -245,7 +247,8 @@ class ToolManager:
         except TypeError:  # arguments with no stable text cannot be keyed: just run the call
             return await route.server.call(route.spec.tool, call.arguments, call.name)
         server, tool, args, name = route.server, route.spec.tool, call.arguments, call.name
-        result = await cached_call(self.cache, self._flight, key, lambda: server.call(tool, args, name),  # type: ignore[arg-type]
+        assert self.cache is not None
+        result = await cached_call(self.cache, self._flight, key, lambda: server.call(tool, args, name),
                                    ttl_s=route.ttl_s)
         result.name = name  # a hit may have been stored under the qualified or the bare name
         return result

@@ -232,7 +232,8 @@ class MCPConnection:
         except MCPError as e:
             code = e.code
             if code == mcp_types.REQUEST_TIMEOUT:
-                return error_result(name, self.cfg.name, "timeout", f"Error: {name} did not finish within {timeout_s:g} s")
+                return error_result(name, self.cfg.name, "timeout",
+                                    f"Error: {name} did not finish within {timeout_s:g} s")
             if code == mcp_types.CONNECTION_CLOSED:
                 self.lost = True
                 raise ConnectionLost(f"server '{self.cfg.name}' closed the connection{self._stderr_hint()}") from None

@@ -107,6 +107,9 @@ def plot_rewards(rows: list[dict[str, Any]], path: Path, title: str = "reward") 
     ev = [(r["step"], r["eval/reward/mean"]) for r in rows if r.get("eval/reward/mean") is not None]
     if ev:
         ax.plot(*zip(*ev), marker="s", lw=1.5, label="eval reward/mean")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)
@@ -117,6 +120,26 @@ def plot_rewards(rows: list[dict[str, Any]], path: Path, title: str = "reward") 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _run_tokenizer(run: Path) -> Any | None:
+    """The run's tokenizer (from the resolved recipe.yaml it saved), so the viewer shows token texts; None if it
+    cannot be loaded (the viewer then shows token ids)."""
+    import yaml
+
+    try:
+        rec = yaml.safe_load((run / "recipe.yaml").read_text())
+        path = (rec.get("tokenizer") or {}).get("path") or rec["model"]["path"]
+        if path == "qwen3-offline":
+            from rlfactory.rollout.tokenizer import load_qwen_tokenizer
+
+            return load_qwen_tokenizer()
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # the viewer works without it
+        logger.info("report: no tokenizer for token texts (%s)", e)
+        return None
 
 
 def write_report(run_dir: str | Path, *, tokenizer: Any | None = None) -> list[Path]:
@@ -137,6 +160,8 @@ def write_report(run_dir: str | Path, *, tokenizer: Any | None = None) -> list[P
                      f"rise {s['reward_rise']:+.3f}")
     files = [plot_rewards(rows, run / "reward_curve.png", title=name)]
     trajs = load_transcripts(run / "transcripts")
+    if tokenizer is None and trajs:
+        tokenizer = _run_tokenizer(run)
     if trajs:
         files.append(write_html(trajs, run / "transcripts.html", title=f"{run.name}: sampled training rollouts",
                                 tokenizer=tokenizer))

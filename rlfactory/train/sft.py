@@ -35,9 +35,11 @@ class ScratchModelConfig(_Section):
     num_hidden_layers: int = Field(4, ge=1)
     """Transformer blocks."""
     num_attention_heads: int = Field(4, ge=1)
-    """Query heads (head width = hidden_size / num_attention_heads)."""
+    """Query heads."""
     num_key_value_heads: int = Field(2, ge=1)
     """Key/value heads (grouped-query attention); must divide num_attention_heads."""
+    head_dim: int = Field(64, ge=8)
+    """Width of one attention head (Qwen3 sets it on its own: heads x head_dim need not equal hidden_size)."""
     intermediate_size: int = Field(768, ge=8)
     """Width of the MLP."""
     max_position_embeddings: int = Field(1024, ge=16)
@@ -45,9 +47,6 @@ class ScratchModelConfig(_Section):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ScratchModelConfig":
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
-                             f"({self.hidden_size})")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
                              f"({self.num_attention_heads})")

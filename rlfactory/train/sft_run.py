@@ -110,7 +110,8 @@ def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
         s = sft.scratch_model
         model = build_tiny_qwen3(
             len(tokenizer), seed=sft.seed, hidden_size=s.hidden_size, num_layers=s.num_hidden_layers,
-            heads=s.num_attention_heads, kv_heads=s.num_key_value_heads, intermediate_size=s.intermediate_size,
+            heads=s.num_attention_heads, kv_heads=s.num_key_value_heads, head_dim=s.head_dim,
+            intermediate_size=s.intermediate_size,
             max_position_embeddings=s.max_position_embeddings, tie_word_embeddings=True,
         )
         # The tokenizer is our own, so its ids (not Qwen's) are the special ones.

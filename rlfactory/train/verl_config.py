@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import warnings as warnings_module
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,9 +163,6 @@ def verl_settings(recipe: Any, files: VerlFiles, *, train_rows: int, resume: boo
     root = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
            "TENSORBOARD_DIR": str(out / "tensorboard"), "TOKENIZERS_PARALLELISM": "true"}
-    cache_url = recipe.tools.cache.url
-    if cache_url:
-        env["RLFACTORY_CACHE_URL"] = cache_url  # one Redis for the cluster: every worker's ToolManager uses it
     lora = recipe.model.lora
     s: dict[str, Any] = {
         # -- algorithm: GRPO (https://arxiv.org/abs/2402.03300), no critic, KL (if any) as a loss term
@@ -342,7 +340,9 @@ def validate(cfg: Any, recipe: Any) -> list[str]:
                         f"(tokenizer, HF config) was not checked; it must exist on every node of the cluster")
     what = "validate_config"
     try:
-        with contextlib.redirect_stdout(io.StringIO()) as said:  # verl prints its verdicts; keep the CLI's stdout
+        # verl prints its verdicts and warns that GRPO has no critic: keep the CLI's output to our own messages
+        with contextlib.redirect_stdout(io.StringIO()) as said, warnings_module.catch_warnings():
+            warnings_module.filterwarnings("ignore", message="Disabled critic")
             validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
                             use_critic=need_critic(cfg))
         logger.debug("verl validate_config: %s", said.getvalue().strip())

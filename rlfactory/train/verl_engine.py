@@ -112,7 +112,7 @@ def prepare(recipe: Any, output_dir: str | Path | None = None, *, resume: bool =
         warnings.append(f"data.train_file has {len(train)} tasks, fewer than trainer.prompts_per_step "
                         f"({recipe.trainer.prompts_per_step}): verl drops incomplete batches, so no step would run")
     for w in warnings:
-        logger.warning("%s", w)
+        logger.debug("%s", w)  # returned to the caller, which shows them
     return VerlPrepared(files, cfg, overrides, warnings, len(train), val_rows)
 
 

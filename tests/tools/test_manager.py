@@ -127,6 +127,8 @@ async def test_streamable_http_server(tmp_path, free_port):
             results = await tm.call_many([call("add", a=i, b=1) for i in range(20)])
             assert [r.text for r in results] == [str(i + 1) for i in range(20)]
             assert (await tm.call(call("echo", text="hi"))).text == "hi"
+            sent = await tm.call(ToolCall(name="header", arguments={"name": "X-Test"}))
+            assert sent.text == "1"  # the config's headers reach the server
     finally:
         web.kill()
 

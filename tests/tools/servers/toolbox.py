@@ -9,7 +9,7 @@ import asyncio
 import os
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 parser = argparse.ArgumentParser()
@@ -84,6 +84,12 @@ def inflight() -> list[int]:
 def getenv(name: str) -> str:
     """An environment variable of this server process ('' when unset)."""
     return os.environ.get(name, "")
+
+
+@app.tool()
+def header(name: str, ctx: Context) -> str:
+    """An HTTP request header of this call ('' on stdio or when absent)."""
+    return (ctx.headers or {}).get(name.lower(), "")
 
 
 @app.tool()

@@ -64,3 +64,15 @@ def test_lora_with_kl_to_the_base_model_trains_and_checkpoints_the_adapter(tiny_
     assert "loss/kl" in rows[-1] and rows[-1]["loss/grad_norm"] > 0
     ckpt = out / "checkpoints" / "step_000002"
     assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() and not (ckpt / "model").exists()
+
+
+def test_rlfactory_train_is_callable_even_after_the_package_is_imported(tiny_recipe):
+    import rlfactory
+    import rlfactory.train.local  # noqa: F401  binds the attribute `rlfactory.train` to the package
+    from rlfactory import train
+
+    bad = Recipe.from_yaml(tiny_recipe, ["model.path=missing_model"])
+    for fn in (rlfactory.train, train):
+        with pytest.raises(ConfigError, match="model.path: folder not found"):
+            fn(bad)
+    assert not (tiny_recipe.parent / "run").exists()  # validation failed: nothing started
