@@ -8,7 +8,8 @@ tokens on both engines. Rounds alternate HF, vLLM, HF, vLLM, ... and each engine
 load spike on this shared machine hits both. Start-up (model load, vLLM's engine-core process) is reported apart.
 
 Figures: `hf_tokens_per_s`, `vllm_tokens_per_s`, `vllm_vs_hf_throughput_ratio` (> 1: vLLM is faster),
-`faster_engine`, `hf_startup_s`, `vllm_startup_s`. Without vllm the vLLM figures are null and `vllm_error` says why.
+`faster_engine`, `hf_startup_s`, `vllm_startup_s`; all with a seed per request (as rollouts sample), and the same
+three with an `_unseeded` suffix (vLLM has a faster sampling path when no request carries a seed). Without vllm the vLLM figures are null and `vllm_error` says why.
 `measure_throughput(quick=True)` is what bench/rollout.py calls (fewer, shorter requests).
 """
 from __future__ import annotations
@@ -65,12 +66,14 @@ async def _start(engine_name: str, model_dir: Path) -> Any:
     raise ValueError(f"unknown engine {engine_name!r}: use 'hf' or 'vllm'")
 
 
-async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[int, float]:
+async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int | None) -> tuple[int, float]:
+    """One round: all prompts at once. seed=None: unseeded requests (vLLM then skips its per-request RNG path)."""
     from rlfactory.rollout.engine import SamplingParams
 
     started = time.perf_counter()
     outs = await asyncio.gather(*[
-        engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=seed + i))
+        engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens,
+                                          seed=None if seed is None else seed + i))
         for i, p in enumerate(prompts)])
     return sum(len(o.token_ids) for o in outs), time.perf_counter() - started
 
@@ -116,21 +119,24 @@ async def _side_by_side(model_dir: Path, prompts: list[list[int]], new_tokens: i
             engines[name] = await _start(name, model_dir)
             await engines[name].generate(prompts[0][:16], _warmup_params())
             figures[f"{name}_startup_s"] = round(time.perf_counter() - t0, 2)
-        per_round: dict[str, list[float]] = {n: [] for n in names}
+        per_round: dict[str, list[float]] = {}
         for r in range(rounds):
             for name in names:
-                tokens, seconds = await _round(engines[name], prompts, new_tokens, seed=1000 * r)
-                per_round[name].append(tokens / seconds)
-                log.info("round %d %s: %.0f tokens/s", r, name, tokens / seconds)
+                for variant, seed in (("", 1000 * r), ("_unseeded", None)):
+                    tokens, seconds = await _round(engines[name], prompts, new_tokens, seed=seed)
+                    per_round.setdefault(name + variant, []).append(tokens / seconds)
+                    log.info("round %d %s%s: %.0f tokens/s", r, name, variant, tokens / seconds)
     finally:
         for engine in engines.values():
             await engine.close()
-    for name in ("hf", "vllm"):
-        rates = per_round.get(name)
-        figures[f"{name}_tokens_per_s"] = round(statistics.median(rates), 1) if rates else None
-        figures[f"{name}_rounds_tokens_per_s"] = [round(x, 1) for x in rates] if rates else None
+    for variant in ("", "_unseeded"):
+        for name in ("hf", "vllm"):
+            rates = per_round.get(name + variant)
+            figures[f"{name}_tokens_per_s{variant}"] = round(statistics.median(rates), 1) if rates else None
+            figures[f"{name}_rounds_tokens_per_s{variant}"] = [round(x, 1) for x in rates] if rates else None
+        hf, vllm = figures[f"hf_tokens_per_s{variant}"], figures[f"vllm_tokens_per_s{variant}"]
+        figures[f"vllm_vs_hf_throughput_ratio{variant}"] = round(vllm / hf, 3) if vllm and hf else None
     hf, vllm = figures["hf_tokens_per_s"], figures["vllm_tokens_per_s"]
-    figures["vllm_vs_hf_throughput_ratio"] = round(vllm / hf, 3) if vllm and hf else None
     figures["faster_engine"] = ("vllm" if vllm > hf else "hf") if vllm and hf else "hf"
     return figures
 

@@ -5,10 +5,11 @@
 - overhead_ratio: ToolManager.call vs the SDK's raw ClientSession.call_tool on the same stdio server process
   (bench/tool_server.py; the raw side uses the manager's own session), `--calls` sequential calls each (default
   1,000) of a trivial tool, interleaved call by call (rotating the order) so machine load hits all paths alike.
-  The figure is the ratio of the total times. On a shared machine per-call latencies are bimodal (a call either
-  runs undisturbed or waits for the scheduler), which makes medians jump between the two modes; the ratios of the
-  medians and lower quartiles are reported beside it, as is the ratio to the SDK's lower-level `send_request`
-  path that the manager uses. Goal <= 1.10.
+  The figure is the ratio of the 10 %-trimmed mean latencies: on a shared machine a few calls wait milliseconds
+  for the OS scheduler, and those outliers (not the code) decide a plain total (`overhead_ratio_total`, which moved
+  between 0.86 and 1.06 in repeated runs under load, where the trimmed ratio stayed within 1.00-1.05). Per-call
+  latencies are also bimodal, which makes medians jump; `overhead_ratio_median` / `_q1` are reported too, as is
+  the ratio to the SDK's lower-level `send_request` path that the manager uses. Goal <= 1.10.
 - parallel_efficiency_ratio: `--parallel-calls` (256) calls to a tool sleeping 100 ms, at concurrency 32
   (the server's max_concurrency), through call_many: wall time / (256 / 32 x 100 ms). Best of `--repeats`
   (timeit's rule: slower repeats measure other processes; the median is reported beside it).
@@ -89,13 +90,19 @@ async def bench_overhead(tmp: Path, calls: int) -> dict[str, float]:
     def q1(xs: list[float]) -> float:
         return statistics.quantiles(xs, n=4)[0]
 
+    def trimmed(xs: list[float], drop: float = 0.10) -> float:
+        """Mean without the slowest `drop` share: calls that waited on the OS scheduler, not on code."""
+        kept = sorted(xs)[: len(xs) - int(len(xs) * drop)]
+        return sum(kept) / len(kept)
+
     med = statistics.median
     return {
-        "overhead_ratio": round(sum(mgr) / sum(raw), 4),
+        "overhead_ratio": round(trimmed(mgr) / trimmed(raw), 4),
+        "overhead_ratio_total": round(sum(mgr) / sum(raw), 4),
         "overhead_ratio_median": round(med(mgr) / med(raw), 4),
         "overhead_ratio_q1": round(q1(mgr) / q1(raw), 4),
         # vs the SDK's lower-level request path, which the manager itself uses
-        "overhead_ratio_vs_send_request": round(q1(mgr) / q1(lean), 4),
+        "overhead_ratio_vs_send_request": round(trimmed(mgr) / trimmed(lean), 4),
         "overhead_raw_call_ms_q1": round(q1(raw) * 1e3, 4),
         "overhead_send_request_call_ms_q1": round(q1(lean) * 1e3, 4),
         "overhead_manager_call_ms_q1": round(q1(mgr) * 1e3, 4),
@@ -210,7 +217,7 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--sleep-ms", type=int, default=100)
     p.add_argument("--sessions", type=int, default=4, help="server processes the parallel calls are spread over")
-    p.add_argument("--repeats", type=int, default=7, help="repetitions of the parallel batch (best reported)")
+    p.add_argument("--repeats", type=int, default=10, help="repetitions of the parallel batch (best reported)")
     p.add_argument("--hits", type=int, default=200, help="cache hits timed for cache_hit_ratio")
     a = p.parse_args()
     figures = asyncio.run(main(a))

@@ -197,9 +197,9 @@ class ToolManager:
 
     async def close(self) -> None:
         """Stop every server; stdio server processes are gone when this returns."""
+        self._started = False
         servers, self.servers = list(self.servers.values()), {}
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
-        self._started = False
 
     # -- what the policy sees ----------------------------------------------------------------------------------------
     @property
@@ -218,6 +218,8 @@ class ToolManager:
     # -- calls -------------------------------------------------------------------------------------------------------
     async def call(self, call: ToolCall) -> ToolResult:
         """Run one call; every failure is an error result, never an exception."""
+        if not self._started:
+            raise RuntimeError("ToolManager is not started: use `async with ToolManager(...)` or await start()")
         t0 = time.perf_counter()
         route = self._routes.get(call.name)
         if route is None:

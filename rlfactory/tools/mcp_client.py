@@ -244,6 +244,9 @@ class MCPConnection:
             raise ConnectionLost(f"server '{self.cfg.name}': {e}") from None
         except ValueError as e:  # a result that is not a CallToolResult (pydantic's ValidationError)
             return error_result(name, self.cfg.name, "server_error", f"Error calling {name}: bad result: {e}")
+        except Exception as e:  # noqa: BLE001 - a failed call is content for the model, never an exception
+            log.debug("call to %s on %s failed", name, self.cfg.name, exc_info=True)
+            return error_result(name, self.cfg.name, "server_error", f"Error calling {name}: {type(e).__name__}: {e}")
         return to_tool_result(result, name, self.cfg.name)
 
     async def ping(self, timeout_s: float) -> bool:
@@ -269,7 +272,9 @@ class MCPConnection:
         if self._pid is None:
             import psutil
 
-            for child in psutil.Process().children(recursive=True):
+            me = psutil.Process()
+            # direct children first: a wrapper command (npx, uvx, a shell) passes the tag on to its own children
+            for child in [*me.children(), *me.children(recursive=True)]:
                 try:
                     if child.environ().get(_TAG_ENV) == self._tag:
                         self._pid = child.pid

@@ -124,7 +124,7 @@ async def _probe(server: ToolServer) -> ProbeReport:
             latency = time.perf_counter() - t0
             ok = result.error_kind not in ("timeout", "server_error")
             return ProbeReport(spec.tool, args, ok, latency, result.text[:200])
-    conn = server._slots[0].conn  # noqa: SLF001 - a raw round trip on the live session
+    conn = server.connections[0]
     t0 = time.perf_counter()
     try:
         n = len(await asyncio.wait_for(conn.list_tools(), server.settings.tool_timeout_s))

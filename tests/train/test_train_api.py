@@ -76,3 +76,14 @@ def test_rlfactory_train_is_callable_even_after_the_package_is_imported(tiny_rec
         with pytest.raises(ConfigError, match="model.path: folder not found"):
             fn(bad)
     assert not (tiny_recipe.parent / "run").exists()  # validation failed: nothing started
+
+
+def test_grpo_raises_the_reward_it_is_given(tiny_recipe):
+    """A sign or masking error would still pass every shape test: check the policy moves towards the reward.
+    digit_share (share of digits in the completion) is learnable by a random tiny model within a few steps."""
+    out = tiny_recipe.parent / "learn"
+    summary = RLFactory(recipe=str(tiny_recipe), output_dir=str(out), total_steps=20, prompts_per_step=4,
+                        learning_rate=3e-3, reward_function="shaping.py:digit_share",
+                        **{"trainer.save_every_steps": 0, "trainer.log.transcripts_per_step": 0,
+                           "trainer.log.tensorboard": False}).train()
+    assert summary["reward_last5"] > 1.3 * summary["reward_first5"], summary["rewards"]

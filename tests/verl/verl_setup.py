@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call><|im_end|>'
+# compact JSON: no token repeats inside a script, so the Markov chain cannot jump between its parts
+CALL = '<tool_call>{"name": "calculator","arguments":{"expression":"6*7"}}</tool_call><|im_end|>'
 ANSWER = "<answer>42</answer><|im_end|>"
 IM_END = 151645
 
@@ -24,7 +25,7 @@ def build_setup(root: Path) -> tuple[Path, Any]:
     from rlfactory.rollout.tokenizer import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
-    model = build_scripted_qwen3(tok, [(CALL, 0.8), (ANSWER, 0.2)],
+    model = build_scripted_qwen3(tok, [(CALL, 0.6), (ANSWER, 0.4)],
                                  start_token_ids=[ChatFormat(tok).generation_prompt_ids[-1]], junk_prob=1e-4)
     model_dir = root / "model"
     model_dir.mkdir(parents=True, exist_ok=True)

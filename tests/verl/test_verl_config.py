@@ -1,0 +1,159 @@
+"""Recipe -> verl config: every recipe in recipes/ translates and passes verl's own schema checks (validate_config,
+omega_conf_to_dataclass), the meaningful fields round-trip into verl's keys and units, errors name recipe fields, and
+`rlfactory train --engine verl --dry-run` writes the run folder a verl launch reads. No GPU, nothing started."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def _fit_gpus(recipe) -> list[str]:
+    """CPU smoke recipes keep tiny batches: give them as many GPUs (<= 8) as their batch splits over."""
+    from rlfactory.train.verl_config import recipe_problems
+
+    if not any("GPUs" in p for p in recipe_problems(recipe)):
+        return []
+    n = recipe.trainer.prompts_per_step // recipe.algorithm.mini_batches_per_step * recipe.rollout.samples_per_prompt
+    gpus = max(g for g in range(1, 9) if n % g == 0)
+    return [f"verl.gpus_per_node={gpus}", "verl.nnodes=1", "verl.tensor_parallel_size=1"]
+
+
+@pytest.fixture(scope="module")
+def translated(tmp_path_factory):
+    """{recipe name: (Recipe, VerlPrepared, extra overrides used)} for every recipe file."""
+    from rlfactory.config import Recipe
+    from rlfactory.train.verl_engine import prepare
+
+    out = {}
+    for path in RECIPES:
+        base = ["engine=verl", f"trainer.output_dir={tmp_path_factory.mktemp(path.stem)}"]
+        recipe = Recipe.from_yaml(path, base)
+        extra = _fit_gpus(recipe)
+        if extra:
+            recipe = Recipe.from_yaml(path, base + extra)
+        out[path.stem] = (recipe, prepare(recipe), extra)
+    return out
+
+
+def test_every_recipe_translates_and_passes_verls_schema(translated):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    assert len(translated) == len(RECIPES) >= 2
+    for name, (recipe, prep, extra) in translated.items():
+        cfg = prep.config
+        assert cfg.algorithm.adv_estimator == "grpo", name
+        # the sections verl turns into dataclasses load (validate() already ran them once)
+        rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        assert rollout.agent.default_agent_loop == "rlfactory_agent"
+        assert prep.files.config_yaml.is_file() and prep.files.overrides_txt.is_file()
+        if not extra:  # a recipe sized for a cluster needs no adjustment
+            assert cfg.trainer.n_gpus_per_node == recipe.verl.gpus_per_node, name
+
+
+def test_fields_round_trip_in_verls_units(translated):
+    from omegaconf import OmegaConf
+    from pydantic import TypeAdapter
+
+    from rlfactory.rollout.config import HorizonConfig
+    from rlfactory.rollout.horizon import horizon_for_step
+
+    for name, (r, prep, _) in translated.items():
+        cfg = prep.config
+        actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        n = r.rollout.samples_per_prompt
+        assert rollout.n == n, name
+        assert cfg.data.train_batch_size == r.trainer.prompts_per_step  # PROMPTS per step
+        assert actor.ppo_mini_batch_size == r.trainer.prompts_per_step // r.algorithm.mini_batches_per_step
+        per_gpu = actor.ppo_mini_batch_size * n // (r.verl.nnodes * r.verl.gpus_per_node)  # TRAJECTORIES per GPU
+        assert actor.ppo_micro_batch_size_per_gpu == min(r.algorithm.micro_batch_size, per_gpu)
+        assert per_gpu % actor.ppo_micro_batch_size_per_gpu == 0
+        assert cfg.data.max_response_length == rollout.response_length == r.rollout.max_response_tokens
+        assert cfg.data.max_prompt_length + cfg.data.max_response_length == r.rollout.max_context_tokens
+        assert rollout.max_model_len == r.rollout.max_context_tokens
+        assert math.isclose(actor.optim.lr, r.algorithm.learning_rate)
+        assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
+            r.algorithm.clip_ratio_low, r.algorithm.clip_ratio_high, r.algorithm.clip_ratio_c)
+        assert actor.loss_agg_mode == r.algorithm.loss_agg_mode
+        assert actor.use_kl_loss == (r.algorithm.kl.use_reference and r.algorithm.kl.coef > 0)
+        assert actor.kl_loss_type == r.algorithm.kl.type and math.isclose(actor.kl_loss_coef, r.algorithm.kl.coef)
+        assert cfg.algorithm.norm_adv_by_std_in_grpo == r.algorithm.norm_adv_by_std
+        assert rollout.temperature == r.rollout.sampling.temperature
+        assert rollout.tensor_model_parallel_size == r.verl.tensor_parallel_size
+        assert cfg.trainer.total_training_steps == r.trainer.total_steps
+        # enough epochs for the steps (verl drops each epoch's last partial batch)
+        assert cfg.trainer.total_epochs * (prep.train_rows // r.trainer.prompts_per_step) >= r.trainer.total_steps
+        custom = cfg.actor_rollout_ref.rollout.custom.rlfactory
+        back = TypeAdapter(HorizonConfig).validate_python(OmegaConf.to_container(custom.horizon))
+        assert back == r.rollout.horizon, name
+        for step in (0, 1, 10_000):
+            assert horizon_for_step(back, step) == horizon_for_step(r.rollout.horizon, step)
+        assert Path(custom.recipe).is_file() and cfg.reward.custom_reward_function.path.startswith("pkg://")
+
+
+def test_kl_and_multi_gpu_settings_round_trip(tmp_path):
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    from rlfactory.config import Recipe
+    from rlfactory.train.verl_engine import prepare
+
+    r = Recipe.from_yaml(REPO / "recipes" / "qwen3_1_7b_calculator.yaml", [
+        "engine=verl", f"trainer.output_dir={tmp_path}", "algorithm.kl.use_reference=true", "algorithm.kl.coef=0.01",
+        "verl.nnodes=2", "verl.gpus_per_node=4", "verl.tensor_parallel_size=2", "algorithm.learning_rate=3e-6",
+        "rollout.horizon={type: scaling_inter, horizons: [2, 4, 8], interval_steps: 50}",
+        "verl.extra_overrides=[actor_rollout_ref.actor.fsdp_config.param_offload=true]"])
+    cfg = prepare(r).config
+    assert need_reference_policy(cfg) and cfg.actor_rollout_ref.actor.use_kl_loss
+    assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0.01 and cfg.actor_rollout_ref.actor.optim.lr == 3e-6
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 4)
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True  # extra_overrides win
+    assert list(cfg.actor_rollout_ref.rollout.custom.rlfactory.horizon.horizons) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("override,field", [
+    ("verl.gpus_per_node=3", "trainer.prompts_per_step"),
+    ("verl.tensor_parallel_size=3", "verl.tensor_parallel_size"),
+    ("rollout.max_context_tokens=200", "rollout.max_context_tokens"),
+    ("verl.extra_overrides=[actor_rollout_ref.actor.no_such_key=1]", "verl.extra_overrides"),
+])
+def test_errors_name_the_recipe_field(tmp_path, override, field):
+    from rlfactory.config import Recipe
+    from rlfactory.errors import ConfigError
+    from rlfactory.train.verl_engine import prepare
+
+    r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
+                         ["engine=verl", f"trainer.output_dir={tmp_path}", override])
+    with pytest.raises(ConfigError) as e:
+        prepare(r)
+    assert field in str(e.value)
+
+
+def test_cli_dry_run_writes_what_verl_reads(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rlfactory.cli", "train", str(REPO / "recipes" / "quickstart.yaml"),
+                           "--engine", "verl", "--dry-run", "--output-dir", str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "checked against verl's schema" in proc.stdout
+    cfg = yaml.safe_load((out / "verl_config.yaml").read_text())
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 8 and cfg["data"]["train_batch_size"] == 8
+    loops = yaml.safe_load((out / "agent_loop.yaml").read_text())
+    assert loops[0]["_target_"] == "rlfactory.train.verl_agent_loop.RLFactoryAgentLoop"
+    assert Path(loops[0]["recipe_path"]).is_file()
+    rows = pq.read_table(out / "data" / "train.parquet").to_pylist()
+    assert len(rows) == 2000
+    first = rows[0]
+    assert first["prompt"] == [{"role": "user", "content": "What is 361 * 220?"}]
+    assert first["reward_model"]["ground_truth"] == "79420" and first["agent_name"] == "rlfactory_agent"
+    assert first["extra_info"]["index"] == 0 and '"answer": "79420"' in first["extra_info"]["task_json"]
