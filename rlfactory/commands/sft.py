@@ -23,11 +23,13 @@ def sft_cmd(
     recipe: Path = typer.Argument(..., help="A recipe with an `sft:` section, e.g. recipes/quickstart_sft.yaml."),
     overrides: Optional[list[str]] = typer.Option(None, "--set", help="Override a field: dotted.key=value (repeat)."),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Model folder to write (sft.output_dir)."),
+    check_only: bool = typer.Option(False, "--check-only",
+                                    help="Only run the usable-start check on the model folder already written."),
 ) -> None:
     """Supervised warm-up on demonstrations made through the recipe's real tools; writes an HF model folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from rlfactory.train.sft_run import run_sft
+    from rlfactory.train.sft_run import check_saved, run_sft
 
     extra = list(overrides or []) + ([f"sft.output_dir={output_dir.resolve()}"] if output_dir else [])
     r, sft = _load(recipe, extra, require_sft=True)
@@ -60,6 +62,11 @@ def sft_cmd(
                           f"{info['call_rate']:.2f}, call accuracy {info['call_accuracy']:.2f}, copy accuracy "
                           f"{info['copy_accuracy']:.2f}, reward {info['reward']:.2f} -> {verdict}", highlight=False)
 
+    if check_only:
+        summary = run_async(check_saved(r, sft, on_event))
+        if summary["check"] and not summary["check"]["usable"]:
+            raise typer.Exit(2)
+        return
     try:
         summary = run_async(run_sft(r, sft, on_event))
     finally:

@@ -138,7 +138,6 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
     import torch
 
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.tools.manager import ToolManager
     from rlfactory.train.tokenizer_builder import build_tokenizer, check_tokenizer
 
     t_start = time.perf_counter()
@@ -187,22 +186,56 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
     if progress:
         progress("saved", {"path": str(out)})
 
-    check: dict[str, Any] = {}
-    if sft.check.tasks and recipe.data.val_file:
-        from rlfactory.train.sft_check import usable_start_check
-
-        async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
-            check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
-        if progress:
-            progress("check", check)
     summary = {
         "output_dir": str(out), "parameters": n_params, "vocab_size": len(tokenizer), "prompt_tokens": prompt_tokens,
         "steps": len(history), "train_s": train_s, "total_s": time.perf_counter() - t_start,
         "loss_first": history[0]["loss"], "loss_last": sum(r["loss"] for r in history[-20:]) / min(20, len(history)),
-        "phases": [p.model_dump() for p in sft.phases], "check": check, "torch_threads": sft.torch_threads,
+        "phases": [p.model_dump() for p in sft.phases], "torch_threads": sft.torch_threads, "seed": sft.seed,
+        "check": {},
     }
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with open(work / "sft_history.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
+    summary["check"] = await check_model(recipe, sft, model, tokenizer, progress)
+    summary["total_s"] = time.perf_counter() - t_start
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer: Any = None,
+                      progress: ProgressFn | None = None) -> dict[str, Any]:
+    """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
+    Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.train.sft_check import usable_start_check
+
+    if not (sft.check.tasks and recipe.data.val_file):
+        return {}
+    if model is None:
+        from rlfactory.models import load_model
+
+        model = load_model(sft.output_dir, dtype="float32", device="cpu")
+        tokenizer = _load_tokenizer(sft.output_dir)
+    async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+        check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
+    if progress:
+        progress("check", check)
+    return check
+
+
+async def check_saved(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """`rlfactory sft RECIPE --check-only`: check the model folder the recipe wrote, record it in its summary."""
+    import torch
+
+    torch.set_num_threads(sft.torch_threads)
+    out = Path(sft.output_dir)
+    if not (out / "config.json").exists():
+        raise ConfigError(f"sft.output_dir: {out} holds no model yet; run `rlfactory sft` without --check-only first",
+                          file=recipe.source)
+    check = await check_model(recipe, sft, progress=progress)
+    path = out / "sft_summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {"output_dir": str(out)}
+    summary["check"] = check
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
