@@ -2,7 +2,7 @@
 
 1. `bind_episode`: every call to a tool whose input schema has `episode_id` gets the trajectory's id there (the
    policy never chooses it), so each trajectory has its own episode on servers shared by many trajectories.
-2. `policy_schema`: the tool schema shown to the policy, without `episode_id`.
+2. `policy_schema` / `hide_episode_arg`: the tool schema shown to the policy, without `episode_id`.
 3. `ends_episode`: a tool result whose structured content says `done: true` ends the trajectory.
 4. `close_calls`: when a trajectory ends, close the episodes it opened (one `close` call per environment server it
    touched), so nothing waits for idle expiry.
@@ -34,15 +34,21 @@ def bind_episode(call: ToolCall, spec: ToolSpec | None, episode_id: str) -> Tool
 
 def policy_schema(spec: ToolSpec) -> dict[str, Any]:
     """`spec.to_openai()` without the `episode_id` parameter (rlfactory fills it in)."""
-    schema = spec.to_openai()
-    if not takes_episode(spec):
+    return hide_episode_arg(spec.to_openai())
+
+
+def hide_episode_arg(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function schema without the `episode_id` parameter (a copy; `schema` is left as it was).
+    `ChatFormat` applies it to every schema it renders, so no caller can show the field to the policy."""
+    function = schema.get("function") if isinstance(schema, dict) else None
+    params = function.get("parameters") if isinstance(function, dict) else None
+    if not isinstance(params, dict) or EPISODE_ARG not in (params.get("properties") or {}):
         return schema
-    params = copy.deepcopy(schema["function"]["parameters"])
+    params = copy.deepcopy(params)
     params["properties"].pop(EPISODE_ARG, None)
     if EPISODE_ARG in params.get("required", []):
         params["required"] = [r for r in params["required"] if r != EPISODE_ARG]
-    schema["function"]["parameters"] = params
-    return schema
+    return {**schema, "function": {**function, "parameters": params}}
 
 
 def ends_episode(result: ToolResult) -> bool:

@@ -13,7 +13,12 @@ and logprobs are 0.0 where the mask is 0. A trajectory stops with a finish reaso
 - `max_turns`: the horizon was reached (calls in the last turn are not run: no turn would read their results);
 - `token_budget`: `max_response_tokens` ran out, or a turn hit `max_new_tokens_per_turn` with no call in it;
 - `context_length`: the next generation or tool turn would not fit in `max_context_tokens` (never exceeded);
+- `env_done`: an environment server said `done: true` in a tool turn's structured content (after that turn);
 - `error`: anything raised; the trajectory keeps what it had, the error text, and the batch goes on.
+
+Environment servers (`env_glue.py`): calls to tools taking `episode_id` get the trajectory's own episode; a task
+row with `env: {server, task_id}` has its episode reset before the first turn, the observation appended to the
+prompt as a user message; the trajectory's episodes are closed when it ends, whatever the reason.
 
 Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
 (`truncation.py`), batching inside the engine (`hf_engine.py`).
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.config import RolloutConfig
 from rlfactory.rollout.engine import GenerationEngine, SamplingParams
+from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.trajectory import FinishReason, ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
@@ -131,23 +137,28 @@ class AgentLoop:
             group_id=group_id, prompt_ids=[], task=dict(task), horizon=horizon,
         )
         timings = {"generate_s": 0.0, "tools_s": 0.0}
+        env = EpisodeBinding(self._specs() or {}, new_episode_id(traj.id))
         try:
             traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
+            observation = await env.open(task, self.tools)
+            if observation is not None:  # part of the prompt: rendered once by the template, never a delta
+                traj.messages.append({"role": "user", "content": self._truncate(observation)})
             traj.prompt_ids = self.chat.prompt_ids(traj.messages)
-            await self._turns(traj, horizon, sampling or self.default_sampling(), seed, timings)
+            await self._turns(traj, horizon, sampling or self.default_sampling(), seed, timings, env)
         except asyncio.CancelledError:
-            raise
+            raise  # no close: the servers' idle expiry frees a cancelled trajectory's episodes
         except Exception as e:  # a failed rollout is data: recorded and counted, the batch goes on
             traj.finish_reason = "error"
             traj.error = f"{type(e).__name__}: {e}"
             logger.warning("trajectory %s failed: %s", traj.id, traj.error)
             logger.debug("trajectory %s traceback:\n%s", traj.id, traceback.format_exc())
+        await env.close(self.tools)
         timings["total_s"] = time.perf_counter() - t_start
         traj.timings = timings
         return traj
 
     async def _turns(self, traj: Trajectory, horizon: int, sampling: SamplingParams, seed: int | None,
-                     timings: dict[str, float]) -> None:
+                     timings: dict[str, float], env: EpisodeBinding) -> None:
         cfg, chat = self.cfg, self.chat
         out_buf = _Builder(traj)
         stop_ids = set(sampling.stop_token_ids) | set(chat.stop_token_ids)
@@ -197,7 +208,7 @@ class AgentLoop:
 
             calls = [c.model_copy(update={"id": f"{traj.id}#{turn}.{i}"}) for i, c in enumerate(parsed.calls)]
             t0 = time.perf_counter()
-            results = parsed.merge(await self._run_calls(calls))
+            results = parsed.merge(await self._run_calls(env.bind(calls)))
             timings["tools_s"] += time.perf_counter() - t0
             tool_msgs = []
             call_iter = iter(calls)
@@ -207,9 +218,18 @@ class AgentLoop:
                 args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
                 traj.tool_calls.append(ToolCallRecord(
                     turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
-                    error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached))
+                    error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached,
+                    structured=result.structured))
             delta = chat.tool_response_delta(tool_msgs, turn_closed=closed)
             used = len(traj.prompt_ids) + len(traj.response_ids)
+            if env.ended(results):
+                # The episode is over, whatever room is left: keep its last observation when it fits.
+                if (used + len(delta) <= cfg.max_context_tokens
+                        and len(traj.response_ids) + len(delta) <= cfg.max_response_tokens):
+                    out_buf.append("tool", delta, None, chat.decode(delta))
+                    traj.messages.extend(tool_msgs)
+                traj.finish_reason = "env_done"
+                return
             # Room must remain for at least one generated token after the tool turn.
             if used + len(delta) >= cfg.max_context_tokens:
                 traj.finish_reason = "context_length"

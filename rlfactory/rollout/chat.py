@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rlfactory.envs.protocol import hide_episode_arg
+
 logger = logging.getLogger(__name__)
 
 IM_START = "<|im_start|>"
@@ -42,10 +44,11 @@ class ChatFormat:
         stop_at_tool_call_end: bool = False,
     ):
         """`tools` are OpenAI function schemas (`ToolSpec.to_openai()`), rendered by the template into the system
-        turn. `stop_at_tool_call_end` also stops generation after `</tool_call>` (the turn is then closed with a
-        template `<|im_end|>` that is not a policy token)."""
+        turn without any `episode_id` parameter. `stop_at_tool_call_end` also stops generation after `</tool_call>`
+        (the turn is then closed with a template `<|im_end|>` that is not a policy token)."""
         self.tokenizer = tokenizer
-        self.tools = list(tools or [])
+        # Environment tools take an `episode_id` the loop fills in (rlfactory/envs/protocol.py): never shown.
+        self.tools = [hide_episode_arg(t) for t in tools or []]
         self.enable_thinking = enable_thinking
         self.system_prompt = system_prompt
         self.stop_at_tool_call_end = stop_at_tool_call_end

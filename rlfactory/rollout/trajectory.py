@@ -13,6 +13,7 @@ FinishReason = Literal[
     "max_turns",  # the horizon (assistant turns) was reached
     "token_budget",  # the total response-token budget ran out
     "context_length",  # the next turn would not fit in the model's context
+    "env_done",  # an environment server said the episode is over (`done: true` in a tool result)
     "error",  # something failed; see `error`
 ]
 

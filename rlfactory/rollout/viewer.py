@@ -35,7 +35,7 @@ main{padding:12px 16px}
 .traj.hidden{display:none}
 .meta{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;font-size:13px}
 .badge{border-radius:10px;padding:1px 8px;font-weight:600;background:#e4e7ec}
-.badge.stop{background:#cdeccf}.badge.error{background:#f7c6c6}.badge.max_turns{background:#fde6b3}
+.badge.stop,.badge.env_done{background:#cdeccf}.badge.error{background:#f7c6c6}.badge.max_turns{background:#fde6b3}
 .badge.token_budget,.badge.context_length{background:#e3d4f5}
 .err{color:#a40000;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
 .turn{margin:6px 0;border-left:4px solid #999;padding:2px 8px}

@@ -136,7 +136,8 @@ def cross_field_problems(r: Any) -> list[str]:
                  f"({t.prompts_per_step}): GRPO groups are not split across mini-batches")
     else:
         mini = samples // a.mini_batches_per_step
-        if mini % a.micro_batch_size:
+        # A micro-batch larger than the mini-batch is simply the whole mini-batch.
+        if a.micro_batch_size < mini and mini % a.micro_batch_size:
             p.append(f"algorithm.micro_batch_size ({a.micro_batch_size}) must divide the mini-batch of {mini} "
                      f"trajectories (trainer.prompts_per_step {t.prompts_per_step} x rollout.samples_per_prompt "
                      f"{ro.samples_per_prompt} / algorithm.mini_batches_per_step {a.mini_batches_per_step})")

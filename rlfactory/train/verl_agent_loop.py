@@ -217,12 +217,16 @@ class RLFactoryAgentLoop(AgentLoopBase):
                 sampling_params: dict[str, Any]) -> AgentLoopOutput:
         prompt_len, response_len = self.rollout_config.prompt_length, self.rollout_config.response_length
         prompt_ids = list(traj.prompt_ids)
-        if len(prompt_ids) > prompt_len:  # verl pads to prompt_length and cannot hold more; verl cuts left too
-            logger.warning("prompt of %d tokens exceeds verl's prompt length %d (rollout.max_context_tokens - "
-                           "max_response_tokens); left-truncating", len(prompt_ids), prompt_len)
-            prompt_ids = prompt_ids[-prompt_len:]
         response_ids = list(traj.response_ids)[:response_len]
         mask = list(traj.loss_mask)[:response_len]
+        if len(prompt_ids) > prompt_len:
+            # verl's tensors hold prompt_length tokens; a cut prompt is not what the policy saw, so the sample is
+            # kept for its reward (group statistics) but none of it is trained on
+            logger.warning("prompt of %d tokens exceeds verl's prompt length %d (rollout.max_context_tokens - "
+                           "max_response_tokens): left-truncated and masked out", len(prompt_ids), prompt_len)
+            prompt_ids = prompt_ids[-prompt_len:]
+            mask = [0] * len(mask)
+            traj.error = traj.error or f"prompt of {len(traj.prompt_ids)} tokens cut to {prompt_len}"
         logprobs = None
         if sampling_params.get("logprobs"):
             logprobs = [float(x) for x in traj.logprobs[:response_len]]

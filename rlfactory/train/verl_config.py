@@ -368,6 +368,10 @@ def build_verl_config(recipe: Any, files: VerlFiles, *, train_rows: int, resume:
     overrides = to_overrides(verl_settings(recipe, files, train_rows=train_rows, resume=resume))
     cfg = compose(overrides, extra=recipe.verl.extra_overrides)
     warnings = validate(cfg, recipe)
+    if recipe.tools.mcp_configs and recipe.tools.cache.backend == "embedded" and recipe.verl.nnodes > 1:
+        warnings.append("tools.cache.backend is embedded: the agent-loop workers of each node share that node's own "
+                        "Redis file; for one cache across the cluster set tools.cache.backend=redis and "
+                        "tools.cache.url=redis://HOST:6379/0")
     return cfg, overrides + list(recipe.verl.extra_overrides), warnings
 
 

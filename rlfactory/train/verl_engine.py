@@ -129,7 +129,10 @@ def check_runtime(recipe: Any) -> None:
         raise RLFactoryError(f"engine verl: verl.rollout_name is {recipe.verl.rollout_name!r} but that package is "
                              f"not installed")
     if recipe.verl.ray_address:
-        return  # the cluster's GPUs are Ray's business; this machine may be a CPU-only driver
+        return  # the cluster's GPUs and files are Ray's business; this machine may be a CPU-only driver
+    if not Path(recipe.model.path).is_dir():
+        raise ConfigError(f"model.path: folder not found: {recipe.model.path} (rlfactory does not download models; "
+                          f"pass --set model.path=DIR)", file=recipe.source)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have == 0:
         raise RLFactoryError("engine verl needs NVIDIA GPUs and none is visible here (torch.cuda.is_available() is "
@@ -157,11 +160,11 @@ def task_runner_class(cfg: Any) -> Any:
 
 def launch(prepared: VerlPrepared, recipe: Any) -> None:
     """Start Ray (local, or connect to `verl.ray_address`) and run verl's trainer until it finishes."""
+    check_runtime(recipe)
     import ray
     from omegaconf import OmegaConf
     from verl.trainer.main_ppo import run_ppo
 
-    check_runtime(recipe)
     cfg = prepared.config
     if recipe.verl.ray_address and not ray.is_initialized():
         env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=True)

@@ -1,7 +1,8 @@
 """The rollout-side rules for environment servers (pure functions over rlfactory's tool records)."""
 from __future__ import annotations
 
-from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, policy_schema, reset_call
+from rlfactory.envs.protocol import (bind_episode, close_calls, ends_episode, hide_episode_arg, policy_schema,
+                                     reset_call)
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
 
@@ -29,6 +30,17 @@ def test_policy_schema_hides_episode_id():
     assert set(params["properties"]) == {"action"} and params["required"] == ["action"]
     assert "episode_id" in STEP.input_schema["properties"]  # the spec itself is untouched
     assert policy_schema(CALC) == CALC.to_openai()
+
+
+def test_hide_episode_arg_works_on_openai_schemas_and_copies():
+    required = spec("textcraft", "step", {"action": {"type": "string"}, **EP}, ["action", "episode_id"]).to_openai()
+    hidden = hide_episode_arg(required)
+    assert hidden["function"]["parameters"]["required"] == ["action"]
+    assert set(hidden["function"]["parameters"]["properties"]) == {"action"}
+    assert "episode_id" in required["function"]["parameters"]["properties"]  # the input is left as it was
+    assert hide_episode_arg(CALC.to_openai()) == CALC.to_openai()
+    assert hide_episode_arg({"type": "function", "function": {"name": "bare"}}) == {"type": "function",
+                                                                                   "function": {"name": "bare"}}
 
 
 def test_done_ends_the_episode():

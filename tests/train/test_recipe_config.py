@@ -151,3 +151,9 @@ def test_gpu_recipes_validate_except_for_the_user_provided_model(name):
     assert check.ok, check.errors
     assert all("model.path" in w for w in check.warnings)
     assert check.recipe.engine == "verl"
+
+
+def test_a_micro_batch_larger_than_the_mini_batch_is_allowed(tmp_path):
+    rec = base()
+    rec["algorithm"]["micro_batch_size"] = 64  # 2 prompts x 4 samples = 8 trajectories: one micro-batch
+    assert validate_recipe(write_recipe(tmp_path, rec)) == []

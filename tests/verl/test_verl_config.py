@@ -157,3 +157,22 @@ def test_cli_dry_run_writes_what_verl_reads(tmp_path):
     assert first["prompt"] == [{"role": "user", "content": "What is 361 * 220?"}]
     assert first["reward_model"]["ground_truth"] == "79420" and first["agent_name"] == "rlfactory_agent"
     assert first["extra_info"]["index"] == 0 and '"answer": "79420"' in first["extra_info"]["task_json"]
+
+
+def test_a_real_run_stops_clearly_without_gpus_or_vllm(tmp_path):
+    """This machine has neither CUDA nor vLLM: the run is refused before Ray starts, saying what is missing."""
+    import importlib.util
+
+    import torch
+
+    from rlfactory.config import Recipe
+    from rlfactory.errors import RLFactoryError
+    from rlfactory.train.verl_engine import run_verl
+
+    if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this machine could really launch verl")
+    r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml", ["engine=verl", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(RLFactoryError) as e:
+        run_verl(r, tmp_path, dry_run=False)
+    assert "vLLM is not installed" in str(e.value) or "needs NVIDIA GPUs" in str(e.value)
+    assert (tmp_path / "verl_config.yaml").is_file()  # the run folder was prepared and checked first

@@ -1,0 +1,107 @@
+"""The AgentLoop's side of stateful environment servers: one `EpisodeBinding` per trajectory.
+
+It applies the rules of `rlfactory/envs/protocol.py` to a live trajectory:
+- every call to a tool that takes `episode_id` gets this trajectory's episode id (the policy never sees or picks it:
+  `ChatFormat` renders the schemas without it), and the servers so touched are remembered;
+- `open` runs the task's `reset` before the first turn when the row names `env: {server, task_id}`; the loop shows
+  the observation to the policy as a user message in the prompt (part of prompt_ids, so token-exactness is untouched);
+- `ended` says when a tool turn's structured content carried `done: true`;
+- `close` ends the trajectory's episodes (one `close` per environment server touched), whatever the finish reason;
+  those calls are not part of the trajectory and a failing close is logged, never raised.
+
+Episode ids are the trajectory id plus a random suffix: the same trajectory id can recur (verl calls `run_one` with
+`sample_index=0` for every sample of a group; consecutive steps reuse ids), and two live trajectories must never
+share an episode on a server they share.
+
+Left out: the episode registry and expiry (server side, `rlfactory/envs/episodes.py`), rewards (`rewards/env.py`).
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Mapping
+
+from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, reset_call, takes_episode
+from rlfactory.tools.format import response_text
+from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
+
+if TYPE_CHECKING:
+    from rlfactory.tools.manager import ToolManager
+
+logger = logging.getLogger(__name__)
+
+
+def new_episode_id(trajectory_id: str) -> str:
+    """The trajectory id with a random suffix (readable in server logs, unique across batches and workers)."""
+    return f"{trajectory_id}~{secrets.token_hex(4)}"
+
+
+class EpisodeBinding:
+    """One trajectory's episodes on the environment servers it calls."""
+
+    def __init__(self, specs: Mapping[str, ToolSpec], episode_id: str):
+        """`specs`: every name the policy may call (bare and `server.tool`) mapped to its spec."""
+        self.specs = specs
+        self.episode_id = episode_id
+        self.used_servers: set[str] = set()
+        """Servers on which this trajectory holds (or held) an episode."""
+
+    def bind(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """The calls as sent to the servers: `episode_id` filled in where the tool takes one."""
+        bound = []
+        for call in calls:
+            spec = self.specs.get(call.name)
+            if takes_episode(spec):
+                assert spec is not None
+                self.used_servers.add(spec.server)
+            bound.append(bind_episode(call, spec, self.episode_id))
+        return bound
+
+    @staticmethod
+    def ended(results: list[ToolResult]) -> bool:
+        """True when an environment said the episode is over."""
+        return any(ends_episode(r) for r in results)
+
+    async def open(self, task: dict[str, Any], tools: "ToolManager | None") -> str | None:
+        """Reset the task's episode (`task["env"]`) and return its observation, or None when the task names
+        no environment the tools serve. Raises RuntimeError when the reset fails (the trajectory is then an error)."""
+        if tools is None:
+            return None
+        call = reset_call(task, _unique(self.specs), self.episode_id)
+        if call is None:
+            env = task.get("env") or (task.get("metadata") or {}).get("env")
+            if env:
+                logger.warning("task %s names env %r, but no connected server has a `reset` tool for it; the policy "
+                               "must open the episode itself", task.get("id"), env)
+            return None
+        self.used_servers.add(self.specs[call.name].server)
+        (result,) = await tools.call_many([call])
+        if result.is_error:
+            raise RuntimeError(f"could not open the task's episode with {call.name}({call.arguments}): {result.text}")
+        observation = (result.structured or {}).get("observation")
+        # The observation alone: the status line of a fresh episode (reward 0, not done) tells the policy nothing.
+        return observation if isinstance(observation, str) else response_text(result)
+
+    async def close(self, tools: "ToolManager | None") -> None:
+        """Close every episode this trajectory opened. Never raises (a failed close leaves idle expiry to clean up)."""
+        if tools is None or not self.used_servers:
+            return
+        calls = close_calls(_unique(self.specs), sorted(self.used_servers), self.episode_id)
+        if not calls:
+            return
+        try:
+            results = await tools.call_many(calls)
+        except Exception as e:  # noqa: BLE001 - the batch goes on; the server's idle expiry frees the episode
+            logger.warning("closing episode %s failed: %s: %s", self.episode_id, type(e).__name__, e)
+            return
+        for r in results:
+            if r.is_error:
+                logger.warning("closing episode %s with %s failed: %s", self.episode_id, r.name, r.text)
+
+
+def _unique(specs: Mapping[str, ToolSpec]) -> list[ToolSpec]:
+    """Each spec once (the loop's map holds every spec under two names)."""
+    seen: dict[str, ToolSpec] = {}
+    for spec in specs.values():
+        seen.setdefault(spec.name, spec)
+    return list(seen.values())
