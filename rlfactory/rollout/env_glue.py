@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rlfactory.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 
 
 def new_episode_id(trajectory_id: str) -> str:
@@ -70,7 +71,8 @@ class EpisodeBinding:
         call = reset_call(task, _unique(self.specs), self.episode_id)
         if call is None:
             env = task.get("env") or (task.get("metadata") or {}).get("env")
-            if env:
+            if env and repr(env.get("server") if isinstance(env, dict) else env) not in _WARNED:
+                _WARNED.add(repr(env.get("server") if isinstance(env, dict) else env))  # once per server name
                 logger.warning("task %s names env %r, but no connected server has a `reset` tool for it; the policy "
                                "must open the episode itself", task.get("id"), env)
             return None

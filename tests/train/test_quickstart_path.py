@@ -191,8 +191,9 @@ def _tiny_sft_recipe(tmp_path: Path) -> Path:
 def test_sft_command_writes_a_loadable_model_folder(tmp_path):
     recipe = _tiny_sft_recipe(tmp_path)
     cmd = [sys.executable, "-m", "rlfactory.cli", "sft", str(recipe),
-           "--set", "sft.demos.0.n=64", "--set", "sft.demos.1.n=32",
-           "--set", "sft.phases.0.steps=6", "--set", "sft.phases.1.steps=3", "--set", "sft.batch_size=4",
+           "--set", "sft.demos.0.n=64", "--set", "sft.demos.1.n=32", "--set", "sft.demos.2.n=16",
+           "--set", "sft.phases=[{data: tool_use, steps: 6, lr: 3.0e-3}, {data: mostly_direct, steps: 3, lr: 1.0e-3}]",
+           "--set", "sft.batch_size=4",
            "--set", "sft.scratch_model.hidden_size=64", "--set", "sft.scratch_model.num_hidden_layers=1",
            "--set", "sft.check.tasks=6", "--set", f"sft.work_dir={tmp_path / 'work'}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)

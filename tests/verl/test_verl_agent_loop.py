@@ -132,3 +132,32 @@ async def test_agent_loop_runs_inside_verl_worker(prepared):
     assert total_calls > 0 and answered > 0  # step 2 ran real calculator calls (60% of first turns are calls)
     assert len(set(scores)) == 2  # both verdicts occur (40% of turns answer "42"), so the check above has teeth
 
+
+
+def test_horizon_follows_verls_one_based_steps():
+    from rlfactory.rollout.config import ScalingInterHorizon
+    from rlfactory.train.verl_agent_loop import horizon_at
+
+    sched = ScalingInterHorizon(horizons=[2, 5, 9], interval_steps=10)
+    # verl's first update is global_steps=1 (= our step 0); v0 trainers send no step (first stage)
+    assert [horizon_at(sched, s) for s in (None, 1, 10, 11, 20, 21, 10_000)] == [2, 2, 2, 5, 5, 9, 9]
+    assert horizon_at(sched, np.int64(11)) == 5  # verl's non-tensor batch holds numpy scalars
+
+
+def test_a_prompt_longer_than_verls_prompt_length_is_not_trained_on():
+    from types import SimpleNamespace
+
+    from rlfactory.rollout.trajectory import Trajectory, TurnSpan
+    from rlfactory.train.verl_agent_loop import RLFactoryAgentLoop
+
+    traj = Trajectory(id="x", prompt_ids=list(range(10)), response_ids=[1, 2, 3, 4], loss_mask=[1, 1, 0, 1],
+                      logprobs=[-1.0, -2.0, 0.0, -3.0], turns=[TurnSpan(role="assistant", start=0, end=4)])
+    fake = SimpleNamespace(rollout_config=SimpleNamespace(prompt_length=16, response_length=8))
+    ok = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": True})
+    assert ok.prompt_ids == list(range(10)) and ok.response_mask == [1, 1, 0, 1]
+    assert ok.response_logprobs == [-1.0, -2.0, 0.0, -3.0] and ok.reward_score == 1.0
+    assert ok.extra_fields["reward_extra_info"] == {"score": 1.0}
+    fake.rollout_config.prompt_length = 6
+    cut = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": False})
+    assert cut.prompt_ids == list(range(4, 10)) and cut.response_mask == [0, 0, 0, 0]
+    assert cut.response_logprobs is None and "cut to 6" in cut.extra_fields["rlf_error"]
