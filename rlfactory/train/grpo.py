@@ -128,10 +128,12 @@ def response_logprobs(
     `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory."""
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                use_cache=False)
     p, t_len = batch.prompt_len, batch.responses.shape[1]
-    logits = out.logits[:, p - 1:p + t_len - 1, :].float()  # [N, T, V]: position k predicts token k+1
+    # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over the
+    # prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=t_len + 1)
+    logits = out.logits[:, -(t_len + 1):-1, :].float()  # [N, T, V]
     if temperature > 0:
         logits = logits / temperature
     logp = logprobs_from_logits(logits, batch.responses)  # [N, T]
