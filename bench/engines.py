@@ -137,7 +137,7 @@ async def _side_by_side(model_dir: Path, prompts: list[list[int]], new_tokens: i
         hf, vllm = figures[f"hf_tokens_per_s{variant}"], figures[f"vllm_tokens_per_s{variant}"]
         figures[f"vllm_vs_hf_throughput_ratio{variant}"] = round(vllm / hf, 3) if vllm and hf else None
     hf, vllm = figures["hf_tokens_per_s"], figures["vllm_tokens_per_s"]
-    figures["faster_engine"] = ("vllm" if vllm > hf else "hf") if vllm and hf else "hf"
+    figures["faster_engine"] = ("vllm" if vllm > hf else "hf") if vllm and hf else None  # None: not compared
     return figures
 
 

@@ -25,6 +25,12 @@ from rlfactory.train.sft import SFTConfig
 
 # Tokenizer names that are not paths (built in by rlfactory/models.py).
 BUILTIN_TOKENIZERS = ("qwen3-offline",)
+# `model.path` value that is not a path: a randomly initialised tiny Qwen3 (rlfactory/models.py `build_tiny_qwen3`)
+# with Qwen3's full vocabulary and the offline Qwen3 tokenizer. For CPU smoke runs of the whole path on the local
+# engine (it learns nothing useful); the verl engine rejects it (its workers load a model folder).
+TINY_RANDOM_MODEL = "tiny-random"
+# Positions of the tiny-random model: room for environment tool schemas (~770 tokens) plus a few turns.
+TINY_RANDOM_POSITIONS = 4096
 
 
 class _Section(BaseModel):
@@ -50,7 +56,9 @@ class LoRAConfig(_Section):
 class ModelConfig(_Section):
     path: str
     """A local Hugging Face model folder (config.json + weights), relative to the recipe or absolute. rlfactory never
-    downloads models: fetch them yourself, then point here (or pass `--set model.path=/data/Qwen3-4B`)."""
+    downloads models: fetch them yourself, then point here (or pass `--set model.path=/data/Qwen3-4B`).
+    `tiny-random`: a randomly initialised tiny Qwen3 (Qwen3's vocabulary, 4096 positions, seeded by `trainer.seed`)
+    with the offline Qwen3 tokenizer, for CPU smoke runs of the whole path on the local engine; not for verl."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for training: `auto` = float32 on CPU, bfloat16 on GPU."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -267,7 +275,8 @@ class Recipe(_Section):
         return recipe
 
     def _resolve_paths(self) -> None:
-        self.model.path = resolve_model_path(self.model.path, self._base_dir)
+        if self.model.path != TINY_RANDOM_MODEL:
+            self.model.path = resolve_model_path(self.model.path, self._base_dir)
         if self.tokenizer.path and self.tokenizer.path not in BUILTIN_TOKENIZERS:
             self.tokenizer.path = resolve_model_path(self.tokenizer.path, self._base_dir)
         if self.tokenizer.chat_template:

@@ -143,7 +143,7 @@ def eval_cmd(
     kk = res["k"]
     console.print(f"eval on {res['tasks']} tasks: mean reward {res['reward/mean']:.4f}, pass@1 {res['pass@1']:.4f}"
                   + (f", pass@{kk} {res[f'pass@{kk}']:.4f}" if kk > 1 else "")
-                  + f"; results in {res['output_dir']}", highlight=False)
+                  + f"; results in {res['output_dir']}", highlight=False, soft_wrap=True)
 
 
 def report_cmd(output_dir: Path = typer.Argument(..., help="A run folder written by `rlfactory train`.")) -> None:
@@ -156,7 +156,7 @@ def report_cmd(output_dir: Path = typer.Argument(..., help="A run folder written
     except RLFactoryError as e:
         fail(str(e))
     for f in files:
-        console.print(f"wrote {f}", highlight=False)
+        console.print(f"wrote {f}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

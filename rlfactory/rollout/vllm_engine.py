@@ -14,6 +14,7 @@ Left out: LoRA, multi-modal inputs, data/tensor parallel settings (pass them thr
 """
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -109,8 +110,9 @@ class VLLMEngine:
         if gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(engine_kwargs)
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-        return cls(engine, eos_token_ids=eos_token_ids)
+        # No local name for the AsyncLLM: something in vLLM keeps this frame alive after it returns (seen with
+        # gc.get_referrers), and a local here kept the engine alive past close(), into a noisy __del__ at exit.
+        return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), eos_token_ids=eos_token_ids)
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
@@ -147,21 +149,10 @@ class VLLMEngine:
 
     async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Reload the engine's weights from `state_dict` (HF parameter names), then drop the prefix cache."""
-        from safetensors.torch import save_file  # noqa: PLC0415
-
         if self._weights_dir is None:
             self._weights_dir = _scratch_dir()
-        tensors: dict[str, Any] = {}
-        seen: set[int] = set()
-        for name, tensor in state_dict.items():
-            t = tensor.detach().to("cpu").contiguous()
-            if t.data_ptr() in seen:
-                t = t.clone()  # safetensors refuses tensors sharing storage (tied embeddings)
-            seen.add(t.data_ptr())
-            tensors[name] = t
-        target = self._weights_dir / "model.safetensors"
-        save_file(tensors, str(target.with_suffix(".tmp")))
-        os.replace(target.with_suffix(".tmp"), target)  # reload never sees a half-written file
+        # Copying to CPU and writing the file take seconds on big models: off the event loop.
+        await asyncio.to_thread(_write_safetensors, state_dict, self._weights_dir / "model.safetensors")
         await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
         await self.reset_prefix_cache()
         self.weight_updates += 1
@@ -181,6 +172,22 @@ class VLLMEngine:
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
             self._weights_dir = None
+
+
+def _write_safetensors(state_dict: Mapping[str, Any], target: Path) -> None:
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tensors: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in state_dict.items():
+        t = tensor.detach().to("cpu").contiguous()
+        if t.data_ptr() in seen:
+            t = t.clone()  # safetensors refuses tensors sharing storage (tied embeddings)
+        seen.add(t.data_ptr())
+        tensors[name] = t
+    partial = target.with_suffix(".partial")  # not *.safetensors, so a reload never picks it up
+    save_file(tensors, str(partial))
+    os.replace(partial, target)
 
 
 def _is_cpu_build(vllm: Any) -> bool:

@@ -9,6 +9,10 @@ The run folder holds metrics.jsonl (one object per step), TensorBoard events, su
 a tool server that dies costs only error content (the ToolManager restarts it). Same seed, same metrics: prompts,
 sampling seeds and transcript picks derive from (seed, step), and a resumed run restores RNG and data position.
 
+The update runs forward/backward only on trajectories whose advantage is non-zero (groups where every sample got
+the same reward add exactly zero policy gradient), normalised over the whole mini-batch as verl does, so the
+gradient is the one of the full batch at a fraction of the cost; with an entropy bonus or KL every row is computed.
+
 Left out: multi-GPU (use `engine: verl`), sequence packing, async/off-policy rollouts.
 """
 from __future__ import annotations
