@@ -2,10 +2,11 @@
 
     python -m rlfactory.envs.tasks --out envs/tools/data/tasks      (writes {env}_train.jsonl / {env}_val.jsonl)
 
-Each row: `{"id", "prompt", "answer": null, "env": {"server", "task_id"}}`. The prompt tells the policy which task to
-open (`reset(task_id=N)`) and how to act; the reward comes from the environment (`rewards/env.py`), so there is no
-reference answer. For TextCraft and Deep Search the prompt also carries the task itself (goal / question), which is
-deterministic per task id. `env` is metadata for an AgentLoop that opens episodes itself.
+Each row: `{"id", "prompt", "answer": null, "env": {"server", "task_id"}}`. The AgentLoop opens the episode itself
+before the first turn (`env` names the server and task; rlfactory/rollout/env_glue.py) and shows the first
+observation under the prompt, so the prompt only says how to act: which tool to call with which actions, and when
+to stop. The reward comes from the environment (`rewards/env.py`), so there is no reference answer. For TextCraft and
+Deep Search the prompt also carries the task itself (goal / question), which is deterministic per task id.
 WebArena rows carry only the task id (its 812 task intents live with the user's AgentGym WebArena server).
 """
 from __future__ import annotations
@@ -42,21 +43,21 @@ def textcraft_prompt(task_id: int) -> str:
     from rlfactory.envs.textcraft import TextCraftEnv
 
     goal = TextCraftEnv().reset(task_id).info["goal"]
-    return (f"TextCraft task {task_id}: craft {goal}. Call reset with task_id={task_id} to see the crafting commands, "
-            "then call step with one action at a time: `get <count> <item>`, "
+    return (f"TextCraft task {task_id}: craft {goal}. The crafting commands are below. "
+            "Call step with one action at a time: `get <count> <item>`, "
             "`craft <count> <item> using <count> <item>, ...` or `inventory`. Stop when the goal is crafted.")
 
 
 def babyai_prompt(task_id: int) -> str:
-    return (f"BabyAI task {task_id}. Call reset with task_id={task_id} to see your mission and surroundings, then call "
+    return (f"BabyAI task {task_id}. Your mission and surroundings are below. Call "
             "step with one action at a time: turn left, turn right, go forward, pick up, drop, toggle, done. "
             "Stop when the mission is complete.")
 
 
 def sciworld_prompt(task_id: int) -> str:
     name = SCIWORLD_TASKS[task_id % len(SCIWORLD_TASKS)]
-    return (f"ScienceWorld task {task_id} ({name}). Call reset with task_id={task_id} to read the task and the room, "
-            "then call step with one text command at a time (e.g. `look around`, `go to kitchen`, "
+    return (f"ScienceWorld task {task_id} ({name}). The task and the room are below. "
+            "Call step with one text command at a time (e.g. `look around`, `go to kitchen`, "
             "`focus on OBJ`). Stop when the task is done.")
 
 
@@ -64,13 +65,13 @@ def deepsearch_prompt(task_id: int) -> str:
     from rlfactory.envs.deepsearch import load_questions
 
     question = load_questions()[task_id % len(load_questions())]["question"]
-    return (f"Deep Search task {task_id}: {question}\nCall reset with task_id={task_id}, then search as often as you "
+    return (f"Deep Search task {task_id}: {question}\nSearch as often as you "
             "need, then call answer with a short answer (that ends the task).")
 
 
 def webarena_prompt(task_id: int) -> str:
-    return (f"WebArena task {task_id}. Call reset with task_id={task_id} to read the task and the first page, "
-            "then call step with one browser action at a time (e.g. `click [id]`, `type [id] [text]`, `scroll [down]`, "
+    return (f"WebArena task {task_id}. The task and the first page are below. "
+            "Call step with one browser action at a time (e.g. `click [id]`, `type [id] [text]`, `scroll [down]`, "
             "`stop [answer]`). Stop when the task is done.")
 
 

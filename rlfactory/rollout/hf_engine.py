@@ -28,7 +28,7 @@ import torch
 from rlfactory.models import resolve_device
 from rlfactory.rollout.engine import GenerationOutput, SamplingParams
 from rlfactory.rollout.hf_kv import BatchKV
-from rlfactory.rollout.hf_sampling import make_generator, sample_rows
+from rlfactory.rollout.hf_sampling import RowSampler, make_generator
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,11 @@ class HFEngine:
         tokenizer: Any = None,
         max_prefill_tokens: int = 32_768,
     ):
-        """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill."""
+        """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill.
+
+        On CPU, a `max_batch_size` whose [rows, vocab] fp32 logits stay under 32 MB (48 rows for Qwen's 151,669 ids)
+        lets the allocator reuse each step's logits buffer; larger steps page-fault a fresh one every step.
+        """
         self.device = resolve_device(device)
         if next(model.parameters()).device != self.device:
             model.to(self.device)
@@ -96,6 +100,7 @@ class HFEngine:
         self._step_lock = threading.Lock()  # held for every forward pass and for weight loads
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._sampler = RowSampler()  # used by the worker thread only
 
     # ----------------------------------------------------------------- public API
     async def generate(
@@ -143,6 +148,7 @@ class HFEngine:
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join)
             self._worker = None
+        self._sampler = RowSampler()  # frees the [rows, vocab] workspace
 
     # ----------------------------------------------------------------- worker side
     def _load_weights(self, state_dict: Mapping[str, Any]) -> None:
@@ -233,7 +239,7 @@ class HFEngine:
         self._sample(rows, logits)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+        tokens, logprobs = self._sampler(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         for r, tok, lp in zip(reqs, tokens, logprobs):
             r.out_ids.append(tok)
             r.out_logprobs.append(lp)

@@ -286,18 +286,23 @@ class ToolManager:
         self._latency_sum_s = 0.0
         self._per_server: dict[str, list[int]] = {}
         self._error_kinds: Counter[str] = Counter()
-        self._restarts_at_reset = sum(s.restarts for s in self.servers.values()) if hasattr(self, "servers") else 0
+        # Restarts BEGUN, not completed: a restart still in backoff/start-up when a batch's metrics are read would
+        # otherwise finish before the next reset and be absorbed by this re-basing, counted in no batch at all.
+        self._restarts_at_reset = self._restarts_begun()
+
+    def _restarts_begun(self) -> int:
+        return sum(s.restarts_begun for s in getattr(self, "servers", {}).values())
 
     def metrics(self) -> dict[str, float]:
         """`tools/*` counters since the last reset: calls, errors (also by kind), cache hit rate, mean latency,
-        restarts, and per-server calls and errors."""
+        restarts (servers lost since the reset, whether or not they are back yet), and per-server calls and errors."""
         calls = self._calls
         out: dict[str, float] = {
             "tools/calls": calls,
             "tools/errors": self._errors,
             "tools/cache_hit_rate": self._hits / calls if calls else 0.0,
             "tools/latency_mean_s": self._latency_sum_s / calls if calls else 0.0,
-            "tools/restarts": max(0, sum(s.restarts for s in self.servers.values()) - self._restarts_at_reset),
+            "tools/restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
         }
         for kind, n in sorted(self._error_kinds.items()):
             out[f"tools/errors_{kind}"] = n

@@ -69,6 +69,10 @@ class ToolServer:
         self.server_info: dict[str, Any] = {}
         self.startup_s = 0.0
         self.restarts = 0
+        """Restarts completed (a new process/session is up)."""
+        self.restarts_begun = 0
+        """Restarts begun (a lost or hung server detected): per-batch `tools/restarts` counts these, so a loss
+        counts in the batch it happened in even when the restart finishes after that batch's metrics are read."""
         self._slots: list[_Slot] = []
         self._rr = 0
         self._closed = False
@@ -177,6 +181,7 @@ class ToolServer:
         if self._closed or slot.conn is not conn or slot.restart_task is not None:
             return
         slot.ready.clear()
+        self.restarts_begun += 1
         slot.restart_task = asyncio.create_task(self._restart(slot, reason, kill), name=f"restart-{self.name}")
 
     async def _restart(self, slot: _Slot, reason: str, kill: bool) -> None:

@@ -17,11 +17,20 @@ from rlfactory.errors import ConfigError, RLFactoryError
 logger = logging.getLogger(__name__)
 
 
+def is_tiny_random(recipe: Any) -> bool:
+    """Whether the recipe's model is the built-in random tiny Qwen3 (`model.path: tiny-random`)."""
+    from rlfactory.config import TINY_RANDOM_MODEL
+
+    return recipe.model.path == TINY_RANDOM_MODEL
+
+
 def load_tokenizer(recipe: Any, model_path: str | Path | None = None) -> Any:
-    """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template."""
+    """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template.
+    A `tiny-random` model uses the offline Qwen3 tokenizer (also for its checkpoints, which hold no tokenizer)."""
     from rlfactory.rollout.tokenizer import attach_chat_template, load_qwen_tokenizer
 
-    path = recipe.tokenizer.path or str(model_path or recipe.model.path)
+    path = recipe.tokenizer.path or ("qwen3-offline" if is_tiny_random(recipe)
+                                     else str(model_path or recipe.model.path))
     if path == "qwen3-offline":
         tok = load_qwen_tokenizer()
     else:
@@ -56,10 +65,13 @@ def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) 
     if dtype == "auto":
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     path = str(model_path or recipe.model.path)
-    if not Path(path).exists():
+    if model_path is None and is_tiny_random(recipe):
+        model = build_tiny_random(recipe, dtype, device)
+    elif not Path(path).exists():
         raise ConfigError(f"model.path: folder not found: {path} (rlfactory does not download models; pass "
-                          f"--set model.path=DIR)", file=recipe.source)
-    model = load_model(path, dtype=dtype, device=device)
+                          f"--set model.path=DIR, or model.path=tiny-random for a CPU smoke run)", file=recipe.source)
+    else:
+        model = load_model(path, dtype=dtype, device=device)
     if recipe.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = True  # generation (eval mode) still uses the KV cache
@@ -75,6 +87,20 @@ def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) 
                                                  target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
     model.eval()
     return model
+
+
+def build_tiny_random(recipe: Any, dtype: Any, device: Any) -> Any:
+    """`model.path: tiny-random`: a random tiny Qwen3 with Qwen3's vocabulary (so the offline Qwen3 tokenizer's ids
+    fit) and TINY_RANDOM_POSITIONS positions, seeded by `trainer.seed` (a resumed run then loads its checkpoint)."""
+    from rlfactory.config import TINY_RANDOM_POSITIONS
+    from rlfactory.models import build_tiny_qwen3, resolve_dtype
+    from rlfactory.rollout.tokenizer import QWEN3_MODEL_VOCAB_SIZE
+
+    model = build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=recipe.trainer.seed,
+                             max_position_embeddings=TINY_RANDOM_POSITIONS)
+    logger.info("model.path is tiny-random: random tiny Qwen3 (%.1fM parameters, %d positions)",
+                sum(p.numel() for p in model.parameters()) / 1e6, TINY_RANDOM_POSITIONS)
+    return model.to(device=device, dtype=resolve_dtype(dtype)).eval()
 
 
 @dataclass

@@ -103,8 +103,11 @@ async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: P
 
 def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
     from rlfactory.models import build_tiny_qwen3, load_model
+    from rlfactory.train.rollout_side import build_tiny_random, is_tiny_random
 
-    if sft.init == "model":
+    if sft.init == "model" and is_tiny_random(recipe):
+        model = build_tiny_random(recipe, "float32", "cpu")
+    elif sft.init == "model":
         model = load_model(recipe.model.path, dtype="float32", device="cpu")
     else:
         s = sft.scratch_model
@@ -157,7 +160,10 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
         if problems:
             raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))
     else:
-        tokenizer = _load_tokenizer(recipe.tokenizer.path or recipe.model.path)
+        from rlfactory.train.rollout_side import load_tokenizer
+
+        # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
+        tokenizer = load_tokenizer(recipe)
     model = _build_model(recipe, sft, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
 

@@ -169,8 +169,17 @@ def cross_field_problems(r: Any) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------------ checks
 def _check_model(r: Any, for_training: bool, errors: list[str], warnings: list[str]) -> None:
+    from rlfactory.config import TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+
     model_dir = Path(r.model.path)
-    if not model_dir.is_dir():
+    if r.model.path == TINY_RANDOM_MODEL:
+        if r.engine == "verl":
+            errors.append("model.path: tiny-random is a local-engine option (verl's workers load a model folder); "
+                          "point model.path at a Hugging Face model folder, or use engine: local")
+        if r.rollout.max_context_tokens > TINY_RANDOM_POSITIONS:
+            errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
+                          f"tiny-random model's {TINY_RANDOM_POSITIONS} positions")
+    elif not model_dir.is_dir():
         msg = (f"model.path: folder not found: {r.model.path} (rlfactory does not download models; put a Hugging Face "
                f"model folder there or pass --set model.path=DIR)")
         (errors if for_training else warnings).append(msg)

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,23 @@ def task_from_sample(kwargs: dict[str, Any]) -> dict[str, Any]:
             "metadata": extra if isinstance(extra, dict) else {}}
 
 
+# uid -> samples of that group started so far in this worker process. verl builds one loop object per sample and
+# passes no sample number to `run()` (its `rollout_n` only reaches tracing), but it repeats a prompt's rows
+# `rollout.n` times under one `uid`, consecutively and (with batches that split evenly over the agent-loop workers)
+# on one worker; so counting per uid gives each sample of a GRPO group its own index and trajectory id.
+_GROUP_COUNTS: "OrderedDict[str, int]" = OrderedDict()
+_GROUP_COUNTS_MAX = 65_536  # uids are fresh every step: keep the most recent ones only
+
+
+def next_sample_index(group_id: str) -> int:
+    """0, 1, 2, ... for successive samples of one group (uid) in this process; the oldest uids are forgotten."""
+    index = _GROUP_COUNTS.pop(group_id, 0)
+    _GROUP_COUNTS[group_id] = index + 1
+    while len(_GROUP_COUNTS) > _GROUP_COUNTS_MAX:
+        _GROUP_COUNTS.popitem(last=False)
+    return index
+
+
 def horizon_at(horizon_cfg: Any, global_steps: Any) -> int:
     """Max assistant turns at verl's `global_steps` (1-based; absent on verl's v0 trainer -> the first stage)."""
     from rlfactory.rollout.horizon import horizon_for_step
@@ -199,7 +217,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
         engine = VerlServerEngine(self.server_manager, sampling_params)
         loop = AgentLoop(engine, st.tools, st.chat, st.recipe.rollout)
         uid = str(_plain(kwargs.get("uid", "")) or task.get("id") or "")
-        traj = await loop.run_one(task, group_id=uid or None, horizon=horizon)
+        sample_index = next_sample_index(uid) if uid else 0
+        traj = await loop.run_one(task, sample_index=sample_index, group_id=uid or None, horizon=horizon)
         if traj.finish_reason == "error":  # a failed rollout is data: kept, scored, but none of it is trained on
             traj.loss_mask = [0] * len(traj.response_ids)
         extra_info: dict[str, float] = {}
@@ -235,6 +254,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         extra_fields: dict[str, Any] = {
             "rlf_finish_reason": traj.finish_reason, "rlf_horizon": horizon, "rlf_tool_calls": len(traj.tool_calls),
             "rlf_tool_errors": sum(c.is_error for c in traj.tool_calls), "rlf_error": traj.error or "",
+            "rlf_trajectory_id": traj.id,
         }
         if reward_score is not None:
             extra_fields["reward_extra_info"] = extra_info

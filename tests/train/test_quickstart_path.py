@@ -247,3 +247,25 @@ def test_shipped_checkpoint_is_small_bf16_and_speaks_qwen3_chat():
     assert check_tokenizer(tok) == [] and tok.chat_template == chat_template_text()
     summary = json.loads((model_dir / "sft_summary.json").read_text())
     assert summary["check"]["usable"] is True
+
+
+def test_shipped_checkpoint_still_sees_the_prompt_it_was_trained_on():
+    """The checkpoint's tokenizer learned the calculator's schema text as one token; if the calculator's docstring
+    or the system prompt changes, the prompt grows and the model sees text it never saw: re-make the checkpoint
+    (`rlfactory sft recipes/quickstart_sft.yaml`)."""
+    from transformers import AutoTokenizer
+
+    from rlfactory.config import Recipe
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.tools.manager import ToolManager
+
+    recipe = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml")
+    tok = AutoTokenizer.from_pretrained(REPO / "models" / "quickstart-calc")
+
+    async def schemas():
+        async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+            return manager.openai_schemas()
+
+    chat = ChatFormat(tok, asyncio.run(schemas()), system_prompt=recipe.rollout.system_prompt)
+    ids = chat.prompt_ids(chat.prompt_messages("What is 4817 * 2931?"))
+    assert len(ids) <= 60, f"prompt is {len(ids)} tokens: re-make models/quickstart-calc"

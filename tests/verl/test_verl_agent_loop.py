@@ -125,6 +125,14 @@ async def test_agent_loop_runs_inside_verl_worker(prepared):
                 for key, value in bridged.items():
                     assert value == float(nt[key][i]), (key, skip)
             total_calls += int(nt["rlf_tool_calls"][i])
+        # each sample of a GRPO group has its own index: trajectory ids `uid/0 .. uid/n-1`, none repeated
+        ids = [str(x) for x in nt["rlf_trajectory_id"]]
+        groups: dict[str, list[str]] = {}
+        for tid in ids:
+            uid, _, k = tid.rpartition("/")
+            groups.setdefault(uid, []).append(k)
+        assert len(set(ids)) == n_rows and len(groups) == 2
+        assert all(sorted(ks) == [str(k) for k in range(cfg.actor_rollout_ref.rollout.n)] for ks in groups.values())
         assert set(nt["rlf_finish_reason"]) <= {"stop", "max_turns"}
         assert float(nt["reward_failed"].sum()) == 0.0
         if step == 1:
