@@ -9,9 +9,9 @@ It applies the rules of `rlfactory/envs/protocol.py` to a live trajectory:
 - `close` ends the trajectory's episodes (one `close` per environment server touched), whatever the finish reason;
   those calls are not part of the trajectory and a failing close is logged, never raised.
 
-Episode ids are the trajectory id plus a random suffix: the same trajectory id can recur (verl calls `run_one` with
-`sample_index=0` for every sample of a group; consecutive steps reuse ids), and two live trajectories must never
-share an episode on a server they share.
+Episode ids are the trajectory id plus a random suffix: the same trajectory id can recur (ids are derived from the
+task and sample index, so consecutive steps, or verl workers numbering samples on their own, can reuse them), and
+two live trajectories must never share an episode on a server they share.
 
 Left out: the episode registry and expiry (server side, `rlfactory/envs/episodes.py`), rewards (`rewards/env.py`).
 """
