@@ -13,6 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as _hypothesis_settings
+
+# CI runs the fuzz tests with a fixed seed so a run is reproducible; locally hypothesis explores new inputs each run.
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    _hypothesis_settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parent.parent
 
