@@ -13,7 +13,6 @@ with 2-hop questions, so no answer can come from a model's prior knowledge. Retr
 """
 from __future__ import annotations
 
-import json
 import re
 import string
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlfactory.envs.types import StepResult
+from rlfactory.train.data import read_rows
 
 DATA = Path(__file__).resolve().parents[2] / "envs" / "tools" / "data"
 DEFAULT_CORPUS = DATA / "deepsearch_corpus.jsonl"
@@ -41,28 +41,13 @@ def exact_match(prediction: str, answers: list[str]) -> bool:
     return any(pred == normalize_answer(a) for a in answers)
 
 
-def _read_jsonl(path: Path, what: str) -> list[dict]:
-    rows = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the {what} file ({e})") from e
-    for n, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e})") from e
-    return rows
-
-
 class Retriever(Protocol):
     def search(self, query: str, top_k: int) -> list[dict]: ...
 
 
 def read_corpus(corpus_path: Path) -> list[dict]:
     docs = []
-    for i, row in enumerate(_read_jsonl(corpus_path, "corpus")):
+    for i, row in enumerate(read_rows(corpus_path)):
         if "contents" in row:  # Search-R1 format: first line is the title in quotes
             title, _, text = str(row["contents"]).partition("\n")
             row = {"id": row.get("id", i), "title": title.strip('"'), "text": text}
@@ -149,7 +134,7 @@ def load_retriever(corpus_path: str = str(DEFAULT_CORPUS), kind: str = "bm25",
 
 @lru_cache(maxsize=4)
 def load_questions(path: str = str(DEFAULT_QUESTIONS)) -> tuple[dict, ...]:
-    rows = _read_jsonl(Path(path), "questions")
+    rows = read_rows(path)
     for n, row in enumerate(rows, 1):
         if "question" not in row or not isinstance(row.get("answers"), list):
             raise ValueError(f"{path}: row {n} needs 'question' (str) and 'answers' (list of str)")

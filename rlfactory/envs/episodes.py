@@ -75,10 +75,8 @@ class EpisodeRegistry(Generic[E]):
         self.expire()
         doomed: list[Episode[E]] = []
         with self._lock:
-            ep = self._episodes.get(key)
+            ep = self._touch_locked(key)
             if ep is not None:
-                ep.last_used_s = self._clock()
-                self._episodes.move_to_end(key)
                 return ep
             while len(self._episodes) >= self.max_episodes:
                 _, old = self._episodes.popitem(last=False)
@@ -102,11 +100,15 @@ class EpisodeRegistry(Generic[E]):
     def get(self, key: str) -> Episode[E] | None:
         """The open episode under `key` (and mark it used), or None."""
         with self._lock:
-            ep = self._episodes.get(key)
-            if ep is not None:
-                ep.last_used_s = self._clock()
-                self._episodes.move_to_end(key)
-            return ep
+            return self._touch_locked(key)
+
+    def _touch_locked(self, key: str) -> Episode[E] | None:
+        """The episode under `key`, marked as just used (most recent for eviction); caller holds the lock."""
+        ep = self._episodes.get(key)
+        if ep is not None:
+            ep.last_used_s = self._clock()
+            self._episodes.move_to_end(key)
+        return ep
 
     def close(self, key: str) -> bool:
         """Close the episode under `key`; False if there was none."""

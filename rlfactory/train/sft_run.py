@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlfactory.errors import ConfigError
-from rlfactory.train.demos import calculator_policy, generate_demos, make_arithmetic_tasks, read_jsonl, write_jsonl
+from rlfactory.train.data import read_rows
+from rlfactory.train.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
 from rlfactory.train.sft import SFTConfig, encode_transcript, save_model, train_phases
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: P
     async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
         for d in sft.demos:
             t0 = time.perf_counter()
-            tasks = read_jsonl(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
+            tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
                 d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
             demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
                                                 policy=calculator_policy, system_prompt=recipe.rollout.system_prompt)
@@ -149,7 +150,7 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
     work = Path(sft.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     sets = await make_demo_sets(recipe, sft, work / "demos", progress)
-    phase_data = {p.data: sets[p.data] if p.data in sets else read_jsonl(p.data) for p in sft.phases}
+    phase_data = {p.data: sets[p.data] if p.data in sets else read_rows(p.data) for p in sft.phases}
 
     if sft.init == "scratch":
         tokenizer = build_tokenizer([t for rows in phase_data.values() for t in rows],

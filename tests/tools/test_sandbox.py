@@ -9,10 +9,10 @@ import socket
 import subprocess
 import tempfile
 
-import psutil
 import pytest
 
 from envs.tools import python_sandbox as sandbox
+from mcp_helpers import child_pids
 
 
 @pytest.fixture(scope="module", params=["probed", "hook_only"])
@@ -26,17 +26,6 @@ def iso(request) -> sandbox.Isolation:
 
 async def run(iso, code: str, timeout_s: float = 10, **limits) -> str:
     return await sandbox.run_snippet(code, timeout_s, sandbox.Limits(**limits), iso)
-
-
-def live_descendants() -> set[int]:
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def scratch_dirs() -> set[str]:
@@ -110,7 +99,7 @@ async def test_writes_outside_scratch_are_blocked(iso, tmp_path):
 
 
 async def test_fork_bombs_are_contained(iso):
-    before = live_descendants()
+    before = child_pids()
     bombs = [
         "import os\nwhile True:\n    os.fork()",
         "import subprocess\nwhile True:\n    subprocess.Popen(['sleep', '100'])",
@@ -125,7 +114,7 @@ async def test_fork_bombs_are_contained(iso):
         out = await run(iso, code, timeout_s=5)
         assert out.startswith("exit code: 1"), (code, out)
         assert "sandbox:" in out and "not allowed" in out, (code, out)
-    assert live_descendants() == before
+    assert child_pids() == before
 
 
 async def test_huge_output_is_truncated(iso):
@@ -138,7 +127,7 @@ async def test_huge_output_is_truncated(iso):
 
 
 async def test_infinite_loop_is_killed(iso):
-    before = live_descendants()
+    before = child_pids()
     out = await run(iso, "while True:\n    pass", timeout_s=1)
     assert out.startswith("exit code: none (killed)\ntimed out after 1 s (killed)")
     # A snippet that closes its own output and keeps running is killed at the same deadline.
@@ -147,7 +136,7 @@ async def test_infinite_loop_is_killed(iso):
     # The requested timeout is capped by the server's maximum.
     out = await run(iso, "import time\ntime.sleep(60)", timeout_s=1000, max_timeout_s=1)
     assert "timed out after 1 s" in out
-    assert live_descendants() == before
+    assert child_pids() == before
 
 
 async def test_memory_hog_gets_memory_error(iso):
