@@ -133,7 +133,9 @@ async def test_agent_loop_runs_inside_verl_worker(prepared):
             groups.setdefault(uid, []).append(k)
         assert len(set(ids)) == n_rows and len(groups) == 2
         assert all(sorted(ks) == [str(k) for k in range(cfg.actor_rollout_ref.rollout.n)] for ks in groups.values())
-        assert set(nt["rlf_finish_reason"]) <= {"stop", "max_turns"}
+        # clean endings only; `token_budget` is one too: the chain's rare junk token (1e-4 a token) can derail a
+        # turn until it hits max_new_tokens_per_turn, which the loop ends cleanly (CI drew it once in ~10 runs)
+        assert set(nt["rlf_finish_reason"]) <= {"stop", "max_turns", "token_budget"}
         assert float(nt["reward_failed"].sum()) == 0.0
         if step == 1:
             assert all(int(c) == 0 for c in nt["rlf_tool_calls"])  # horizon 1: calls in the last turn are not run
