@@ -37,8 +37,9 @@ def _cuda() -> str | None:
     return torch.cuda.get_device_name(0)
 
 
-def local_check(root: Path) -> dict[str, Any]:
-    """2 GRPO steps on the local engine, on the GPU."""
+def local_check(root: Path, device: str = "cuda") -> dict[str, Any]:
+    """2 GRPO steps on the local engine, on the GPU (`device="cpu"` runs the same check where there is none: the
+    test suite does, so the script is known to work before a GPU is at hand)."""
     import torch
 
     from tiny_setup import build_tiny_setup
@@ -47,9 +48,11 @@ def local_check(root: Path) -> dict[str, Any]:
     from rlfactory.config import Recipe
 
     path = build_tiny_setup(root / "local", hidden_size=64, num_layers=2)
-    recipe = Recipe.from_yaml(path, ["trainer.total_steps=2", "trainer.device=cuda", "trainer.save_every_steps=0",
+    recipe = Recipe.from_yaml(path, ["trainer.total_steps=2", f"trainer.device={device}", "trainer.save_every_steps=0",
                                      f"trainer.output_dir={root / 'local' / 'run'}"])
-    torch.cuda.reset_peak_memory_stats()
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     summary = train(recipe)
     wall = time.perf_counter() - t0
@@ -58,12 +61,25 @@ def local_check(root: Path) -> dict[str, Any]:
     return {"ok": len(rows) == 2, "wall_s": wall, "steps": len(rows),
             "step_s": [r.get("perf/step_s") for r in rows],
             "reward_mean": [r.get("reward/mean") for r in rows],
-            "rollout_tokens_per_s": [r.get("perf/rollout_tokens_per_s") for r in rows],
-            "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
+            "tokens_per_s": [r.get("perf/tokens_per_s") for r in rows],
+            "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else 0.0,
             "summary": {k: v for k, v in summary.items() if isinstance(v, (int, float, str))}}
 
 
 _VERL_METRIC = re.compile(r"step:(\d+) - (.*)")
+
+
+def verl_command(root: Path) -> list[str]:
+    """The `rlfactory train --engine verl` command line of the verl half (the tiny setup written under
+    `root/verl`); with `--dry-run` appended it runs on CPU, which the test suite does."""
+    from tiny_setup import build_tiny_setup
+
+    path = build_tiny_setup(root / "verl", hidden_size=64, num_layers=2)
+    return [sys.executable, "-m", "rlfactory.cli", "train", str(path), "--engine", "verl",
+            "--output-dir", str(root / "verl" / "run"),
+            "--set", "trainer.total_steps=2", "--set", "verl.gpus_per_node=1", "--set", "verl.nnodes=1",
+            "--set", "verl.gpu_memory_utilization=0.3", "--set", "trainer.prompts_per_step=4",
+            "--set", "algorithm.micro_batch_size=4", "--set", "trainer.save_every_steps=0"]
 
 
 def verl_check(root: Path, timeout_s: int) -> dict[str, Any]:
@@ -71,14 +87,7 @@ def verl_check(root: Path, timeout_s: int) -> dict[str, Any]:
     missing = [m for m in ("vllm", "verl", "ray") if importlib.util.find_spec(m) is None]
     if missing:
         return {"ok": False, "skipped": f"not installed: {', '.join(missing)}"}
-    from tiny_setup import build_tiny_setup
-
-    path = build_tiny_setup(root / "verl", hidden_size=64, num_layers=2)
-    out = root / "verl" / "run"
-    cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(path), "--engine", "verl", "--output-dir", str(out),
-           "--set", "trainer.total_steps=2", "--set", "verl.gpus_per_node=1", "--set", "verl.nnodes=1",
-           "--set", "verl.gpu_memory_utilization=0.3", "--set", "trainer.prompts_per_step=4",
-           "--set", "algorithm.micro_batch_size=4", "--set", "trainer.save_every_steps=0"]
+    cmd = verl_command(root)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
@@ -114,7 +123,7 @@ def main() -> int:
         root = Path(tmp)
         result["local"] = local = local_check(root)
         print(f"local engine: {local['steps']} GRPO steps in {local['wall_s']:.1f}s; step_s {local['step_s']}; "
-              f"reward {local['reward_mean']}; rollout tokens/s {local['rollout_tokens_per_s']}; "
+              f"reward {local['reward_mean']}; tokens/s {local['tokens_per_s']}; "
               f"peak GPU memory {local['peak_gpu_mem_gb']:.2f} GiB")
         if args.skip_verl:
             result["verl"] = {"ok": False, "skipped": "--skip-verl"}

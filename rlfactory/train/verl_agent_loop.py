@@ -159,10 +159,11 @@ def task_from_sample(kwargs: dict[str, Any]) -> dict[str, Any]:
             "metadata": extra if isinstance(extra, dict) else {}}
 
 
-# uid -> samples of that group started so far in this worker process. verl builds one loop object per sample and
-# passes no sample number to `run()` (its `rollout_n` only reaches tracing), but it repeats a prompt's rows
+# uid -> samples of that group started so far in this worker process. verl's v1 trainer passes each sample's number
+# as `session_id` (its TransferQueue worker runs the `rollout.n` samples of a prompt itself), and that is used when
+# present. The v0 trainer passes none (its `rollout_n` only reaches tracing), but it repeats a prompt's rows
 # `rollout.n` times under one `uid`, consecutively and (with batches that split evenly over the agent-loop workers)
-# on one worker; so counting per uid gives each sample of a GRPO group its own index and trajectory id.
+# on one worker; so there counting per uid gives each sample of a GRPO group its own index and trajectory id.
 _GROUP_COUNTS: "OrderedDict[str, int]" = OrderedDict()
 _GROUP_COUNTS_MAX = 65_536  # uids are fresh every step: keep the most recent ones only
 
@@ -217,7 +218,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
         engine = VerlServerEngine(self.server_manager, sampling_params)
         loop = AgentLoop(engine, st.tools, st.chat, st.recipe.rollout)
         uid = str(_plain(kwargs.get("uid", "")) or task.get("id") or "")
-        sample_index = next_sample_index(uid) if uid else 0
+        session = _plain(kwargs.get("session_id"))
+        sample_index = int(session) if session is not None else next_sample_index(uid) if uid else 0
         traj = await loop.run_one(task, sample_index=sample_index, group_id=uid or None, horizon=horizon)
         if traj.finish_reason == "error":  # a failed rollout is data: kept, scored, but none of it is trained on
             traj.loss_mask = [0] * len(traj.response_ids)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,23 @@ def task_runner_class(cfg: Any) -> Any:
     return TaskRunner
 
 
+def fit_transfer_queue(cfg: Any, cpus: int) -> int | None:
+    """On a local Ray, cap TransferQueue's storage units to the CPUs there; returns the new count, None if unchanged.
+
+    Each storage unit (and its controller) is a Ray actor holding one logical CPU. verl's default is 8 units: on a
+    machine with few cores the actors wait for CPUs forever and `tq.init` hangs without a word (seen here: 2 cores).
+    A quarter of the cores (at least 1) leaves the rest to the task runner, agent-loop and reward workers."""
+    storage = cfg.transfer_queue.backend.get("SimpleStorage")
+    if storage is None or cfg.transfer_queue.backend.storage_backend != "SimpleStorage":
+        return None
+    units = int(storage.num_data_storage_units)
+    fitted = max(1, min(units, cpus // 4))
+    if fitted == units:
+        return None
+    storage.num_data_storage_units = fitted
+    return fitted
+
+
 def launch(prepared: VerlPrepared, recipe: Any) -> None:
     """Start Ray (local, or connect to `verl.ray_address`) and run verl's trainer until it finishes."""
     check_runtime(recipe)
@@ -170,6 +188,11 @@ def launch(prepared: VerlPrepared, recipe: Any) -> None:
         env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=True)
         ray.init(address=recipe.verl.ray_address, runtime_env=env)
     runner = task_runner_class(cfg)
+    if cfg.trainer.use_v1 and not recipe.verl.ray_address and not ray.is_initialized():
+        cpus = os.cpu_count() or 1
+        fitted = fit_transfer_queue(cfg, cpus)
+        if fitted is not None:
+            logger.info("TransferQueue: %d storage unit(s) for the %d CPUs of this local Ray", fitted, cpus)
     try:
         run_ppo(cfg, task_runner_class=runner)
     finally:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import uuid
 
 import numpy as np
 import pytest
 import torch
 
-from verl_setup import IM_END, HFServer, build_setup
+from verl_setup import IM_END, HFServer, build_setup, dataset_batch_dict, expected_mask
 
 
 @pytest.fixture(scope="module")
@@ -34,37 +33,12 @@ def prepared(tmp_path_factory):
 
 def _batch(prepared, global_steps: int):
     from verl.protocol import DataProto
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
     cfg = prepared.config
-    from verl.utils import hf_tokenizer
-
-    tok = hf_tokenizer(cfg.actor_rollout_ref.model.path)
-    ds = RLHFDataset(data_files=[str(prepared.files.train_parquet)], tokenizer=tok, config=cfg.data)
-    batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(len(ds))]))
-    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    batch = DataProto.from_single_dict(dataset_batch_dict(prepared))
     batch = batch.repeat(repeat_times=cfg.actor_rollout_ref.rollout.n, interleave=True)  # as verl's trainer does
     batch.non_tensor_batch["global_steps"] = np.array([global_steps] * len(batch), dtype=object)
     return batch
-
-
-def _expected_mask(calls, full: list[int], prompt_len: int, response_len: int
-                   ) -> tuple[list[int], list[float], int]:
-    """The policy-token mask, logprobs and number of generation calls (assistant turns) of one sample, rebuilt from the server's record: the calls of the one
-    request id whose every (prompt + generated tokens) is a prefix of the sample's sequence."""
-    by_request: dict[str, list] = {}
-    for rid, p, out, lp in calls:
-        by_request.setdefault(rid, []).append((p, out, lp))
-    for rid, cs in by_request.items():
-        if all(full[:len(p) + len(out)] == p + out for p, out, _ in cs) and \
-                len(cs[-1][0]) + len(cs[-1][1]) == len(full):
-            mask, lps = [0] * response_len, [0.0] * response_len
-            for p, out, lp in cs:
-                for k in range(len(out)):
-                    mask[len(p) - prompt_len + k] = 1
-                    lps[len(p) - prompt_len + k] = lp[k]
-            return mask, lps, len(cs)
-    raise AssertionError("no recorded request produced this sample")
 
 
 async def test_agent_loop_runs_inside_verl_worker(prepared):
@@ -105,7 +79,7 @@ async def test_agent_loop_runs_inside_verl_worker(prepared):
             prompt = b["prompts"][i][attn[:p_len].bool()].tolist()
             resp_len = int(attn[p_len:].sum())
             response = b["responses"][i][:resp_len].tolist()
-            want_mask, want_lp, assistant_turns = _expected_mask(calls, prompt + response, len(prompt), r_len)
+            want_mask, want_lp, assistant_turns = expected_mask(calls, prompt + response, len(prompt), r_len)
             assert b["response_mask"][i].tolist() == want_mask  # 1 exactly on tokens the server generated
             torch.testing.assert_close(b["rollout_log_probs"][i], torch.tensor(want_lp), rtol=0, atol=0)
             assert 1 <= assistant_turns <= horizon

@@ -176,3 +176,32 @@ def test_a_real_run_stops_clearly_without_gpus_or_vllm(tmp_path):
         run_verl(r, tmp_path, dry_run=False)
     assert "vLLM is not installed" in str(e.value) or "needs NVIDIA GPUs" in str(e.value)
     assert (tmp_path / "verl_config.yaml").is_file()  # the run folder was prepared and checked first
+
+
+def test_transfer_queue_storage_fits_a_small_local_ray(translated):
+    """verl's v1 trainer starts 8 TransferQueue storage units of one logical CPU each; on a local Ray with few
+    cores they would wait for CPUs forever, so launch() caps them at a quarter of the cores (at least 1)."""
+    import copy
+
+    from rlfactory.train.verl_engine import fit_transfer_queue
+
+    _, prep, _ = next(iter(translated.values()))
+    assert prep.config.trainer.use_v1  # verl's default trainer is kept
+    units = prep.config.transfer_queue.backend.SimpleStorage.num_data_storage_units
+    assert units == 8
+    for cpus, want in ((2, 1), (8, 2), (16, 4), (64, None), (128, None)):
+        cfg = copy.deepcopy(prep.config)
+        assert fit_transfer_queue(cfg, cpus) == want, cpus
+        assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == (want or units)
+
+
+def test_v1_trainer_is_used_when_transfer_queue_is_installed(translated):
+    import copy
+
+    from verl.trainer import main_ppo
+
+    from rlfactory.train.verl_engine import task_runner_class
+
+    pytest.importorskip("transfer_queue")
+    cfg = copy.deepcopy(next(iter(translated.values()))[1].config)
+    assert task_runner_class(cfg) is main_ppo.TaskRunnerV1 and cfg.trainer.use_v1

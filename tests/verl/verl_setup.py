@@ -77,3 +77,40 @@ class HFServer:
         logprobs = list(out.logprobs) if sampling_params.get("logprobs") and out.logprobs is not None else None
         self.calls.append((request_id, list(prompt_ids), list(out.token_ids), logprobs))
         return TokenOutput(token_ids=list(out.token_ids), log_probs=logprobs, stop_reason="completed")
+
+
+def dataset_batch_dict(prepared: Any) -> dict[str, Any]:
+    """verl's RLHFDataset over the parquet rows `prepare` wrote, collated as verl's dataloader does, with a fresh
+    `uid` per prompt (as verl's trainers add)."""
+    import uuid
+
+    import numpy as np
+    from verl.utils import hf_tokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    cfg = prepared.config
+    tok = hf_tokenizer(cfg.actor_rollout_ref.model.path)
+    ds = RLHFDataset(data_files=[str(prepared.files.train_parquet)], tokenizer=tok, config=cfg.data)
+    batch = collate_fn([ds[i] for i in range(len(ds))])
+    batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(ds))], dtype=object)
+    return batch
+
+
+def expected_mask(calls: list[tuple], full: list[int], prompt_len: int,
+                  response_len: int) -> tuple[list[int], list[float], int]:
+    """The policy-token mask, logprobs and number of generation calls (assistant turns) of one sample, rebuilt from
+    the server's record: the calls of the one request id whose every (prompt + generated tokens) is a prefix of the
+    sample's sequence."""
+    by_request: dict[str, list] = {}
+    for rid, p, out, lp in calls:
+        by_request.setdefault(rid, []).append((p, out, lp))
+    for rid, cs in by_request.items():
+        if all(full[:len(p) + len(out)] == p + out for p, out, _ in cs) and \
+                len(cs[-1][0]) + len(cs[-1][1]) == len(full):
+            mask, lps = [0] * response_len, [0.0] * response_len
+            for p, out, lp in cs:
+                for k in range(len(out)):
+                    mask[len(p) - prompt_len + k] = 1
+                    lps[len(p) - prompt_len + k] = lp[k]
+            return mask, lps, len(cs)
+    raise AssertionError("no recorded request produced this sample")
