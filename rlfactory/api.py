@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from rlfactory.config import Recipe, apply_overrides, load_yaml_mapping
+from rlfactory.config import Recipe
+from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 from rlfactory.errors import ConfigError
 
 _SHORTCUTS = {

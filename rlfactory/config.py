@@ -10,7 +10,6 @@ What is not here: checks that need the file system, the model's config or the re
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from rlfactory.errors import ConfigError
+from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 from rlfactory.reward import RewardsConfig
 from rlfactory.rollout.config import RolloutConfig
 from rlfactory.tools.settings import ToolsConfig
@@ -323,62 +323,6 @@ def resolve_model_path(p: str, base: Path) -> str:
     if (base / q).exists() or p.startswith(".") or p.count("/") != 1:
         return str((base / q).resolve())
     return p
-
-
-def load_yaml_mapping(path: Path) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; errors name the file and say what to fix."""
-    if not path.exists():
-        raise ConfigError(f"recipe file not found: {path}", file=None)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(e, 'problem', e)}", file=str(path)) from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"the top level must be a mapping of sections, got {type(raw).__name__}", file=str(path))
-    return raw
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str = "recipe") -> dict[str, Any]:
-    """Apply `dotted.key=value` overrides (value parsed as YAML: numbers, booleans, lists); list items by index
-    (`rewards.functions.0.weight=2`). Unknown keys are created, so the validator names them like any typo."""
-    out = copy.deepcopy(raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form dotted.key=value", file=source)
-        key, _, text = item.partition("=")
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override {item!r}: empty key segment", file=source)
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            value = text
-        node: Any = out
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ConfigError(f"override {item!r}: {'.'.join(parts[:i]) or key} has no item {part}",
-                                      file=source)
-                if last:
-                    node[int(part)] = value
-                else:
-                    node = node[int(part)]
-                continue
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(parts[:i])} is not a section", file=source)
-            if last:
-                node[part] = value
-            else:
-                if node.get(part) is None:
-                    node[part] = {}
-                node = node[part]
-    return out
 
 
 def cross_field_problems(r: "Recipe") -> list[str]:

@@ -34,7 +34,8 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
     folder, like the rest of the recipe. With `require_sft=False` a recipe without the section gives (recipe, None)."""
     from pydantic import ValidationError
 
-    from rlfactory.config import Recipe, apply_overrides, format_validation_errors, load_yaml_mapping
+    from rlfactory.config import Recipe, format_validation_errors
+    from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 
     path = Path(path)
     raw = apply_overrides(load_yaml_mapping(path), overrides or [], source=str(path))

@@ -43,7 +43,8 @@ def check_recipe(path: str | Path, overrides: list[str] | None = None, *, for_tr
     When some fields are invalid, they are dropped and the rest is checked too, so one run reports every problem."""
     from pydantic import ValidationError
 
-    from rlfactory.config import Recipe, apply_overrides, load_yaml_mapping
+    from rlfactory.config import Recipe
+    from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 
     shown = str(path)
     try:

@@ -84,7 +84,8 @@ _LOCKS: dict[tuple[str, int], asyncio.Lock] = {}
 
 def load_recipe(recipe_path: str, recipe_base_dir: str | None) -> Any:
     """The resolved recipe written by `verl_engine.prepare` (paths absolute; reward files relative to base dir)."""
-    from rlfactory.config import Recipe, load_yaml_mapping
+    from rlfactory.config import Recipe
+    from rlfactory.recipe_files import load_yaml_mapping
 
     raw = load_yaml_mapping(Path(recipe_path))
     return Recipe.from_dict(raw, base_dir=recipe_base_dir or Path(recipe_path).parent, source=recipe_path)

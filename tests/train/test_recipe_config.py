@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfactory.config import Recipe, apply_overrides, validate_recipe
+from rlfactory.config import Recipe, validate_recipe
+from rlfactory.recipe_files import apply_overrides
 from rlfactory.errors import ConfigError
 from rlfactory.train.validate import check_recipe
 
