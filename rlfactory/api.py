@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlfactory.config import Recipe
-from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 from rlfactory.errors import ConfigError
+from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
 
 _SHORTCUTS = {
     "model": "model.path",

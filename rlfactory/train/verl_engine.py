@@ -189,7 +189,7 @@ def launch(prepared: VerlPrepared, recipe: Any) -> None:
         ray.init(address=recipe.verl.ray_address, runtime_env=env)
     runner = task_runner_class(cfg)
     if cfg.trainer.use_v1 and not recipe.verl.ray_address and not ray.is_initialized():
-        cpus = os.cpu_count() or 1
+        cpus = cfg.ray_kwargs.ray_init.get("num_cpus") or os.cpu_count() or 1  # what verl's ray.init will get
         fitted = fit_transfer_queue(cfg, cpus)
         if fitted is not None:
             logger.info("TransferQueue: %d storage unit(s) for the %d CPUs of this local Ray", fitted, cpus)

@@ -26,19 +26,20 @@ def tq_cluster(tmp_path_factory):
     """A local Ray and a TransferQueue on it; both stopped afterwards."""
     import ray
     import transfer_queue as tq
-    from omegaconf import OmegaConf
 
     from rlfactory.config import Recipe
-    from rlfactory.train.verl_engine import prepare
+    from rlfactory.train.verl_engine import fit_transfer_queue, prepare
 
     root = tmp_path_factory.mktemp("verl_v1")
     recipe_path, model = build_setup(root)
     prep = prepare(Recipe.from_yaml(recipe_path))
     assert prep.config.trainer.use_v1  # verl's default, which rlfactory keeps
-    # TransferQueue's actors take one logical CPU each: declare enough, and run one storage unit (default 8)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="rlf-test")
+    # TransferQueue's actors take one logical CPU each: its storage units are fitted to the CPUs as launch() does
+    cpus = 4
+    assert fit_transfer_queue(prep.config, cpus) == 1
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, namespace="rlf-test")
     try:
-        tq.init(OmegaConf.merge(prep.config.transfer_queue, {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        tq.init(prep.config.transfer_queue)
         yield prep, model
     finally:
         try:
