@@ -47,6 +47,7 @@ bench: install
 	$(PY) bench/envs.py --json bench/results/envs.json
 	$(PY) bench/train_step.py --json bench/results/train_step.json
 	$(PY) bench/engines.py --json bench/results/engines.json
+	$(PY) bench/hf_decode.py --json bench/results/hf_decode.json
 
 gpu-check: install
 	$(PY) bench/gpu_check.py

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rlfactory.models import resolve_device
+from rlfactory.models import avoid_cudnn_attention, resolve_device
 from rlfactory.rollout.engine import GenerationOutput, SamplingParams
 from rlfactory.rollout.hf_kv import BatchKV
 from rlfactory.rollout.hf_sampling import RowSampler, make_generator
@@ -84,6 +84,7 @@ class HFEngine:
         lets the allocator reuse each step's logits buffer; larger steps page-fault a fresh one every step.
         """
         self.device = resolve_device(device)
+        avoid_cudnn_attention(self.device)
         if next(model.parameters()).device != self.device:
             model.to(self.device)
         self.model = model

@@ -81,7 +81,7 @@ class LocalTrainer:
         reference model."""
         import torch
 
-        from rlfactory.models import resolve_device
+        from rlfactory.models import avoid_cudnn_attention, resolve_device
         from rlfactory.train.data import TaskSampler, load_tasks
         from rlfactory.train.grpo import actor_config
         from rlfactory.train.rollout_side import load_policy, load_tokenizer
@@ -91,6 +91,7 @@ class LocalTrainer:
         self.out = Path(r.trainer.output_dir).resolve()
         torch.set_num_threads(r.trainer.torch_threads)
         self.device = resolve_device(r.trainer.device)
+        avoid_cudnn_attention(self.device)  # training batches change length every step too
         random.seed(r.trainer.seed)
         torch.manual_seed(r.trainer.seed)
         self.tasks = load_tasks(r.data.train_file, r.data)
