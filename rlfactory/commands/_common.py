@@ -1,7 +1,9 @@
-"""Helpers shared by CLI commands: one way to report a user error (no traceback) and to run a coroutine."""
+"""Helpers shared by CLI commands: one way to report a user error (no traceback), to check a recipe before any work,
+and to run a coroutine."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Coroutine, NoReturn
 
 import typer
@@ -9,6 +11,9 @@ from rich.console import Console
 
 console = Console()
 err_console = Console(stderr=True)
+
+SET_HELP = ("Override a recipe field: --set dotted.key=value (repeatable; values are YAML; relative paths resolve "
+            "against the recipe's folder), e.g. --set trainer.total_steps=10.")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -25,3 +30,17 @@ def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run(coro)
     except RLFactoryError as e:
         fail(str(e))
+
+
+def check_or_fail(recipe_path: Path, overrides: list[str], *, for_training: bool) -> Any:
+    """The validated Recipe; on any problem, print them all and exit before anything starts. Warnings go to stderr."""
+    from rlfactory.train.validate import check_recipe
+
+    check = check_recipe(recipe_path, overrides, for_training=for_training)
+    for w in check.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    if not check.ok:
+        n = len(check.errors)
+        fail(f"{recipe_path}: {n} problem{'s' if n > 1 else ''} (nothing was started):\n"
+             + "\n".join(f"  - {e}" for e in check.errors))
+    return check.recipe

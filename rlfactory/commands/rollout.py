@@ -12,9 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from rlfactory.commands._common import console, err_console, fail, run_async
-
-SET_HELP = "Override a recipe field: --set dotted.key=value (repeatable), e.g. --set rollout.sampling.temperature=0."
+from rlfactory.commands._common import SET_HELP, check_or_fail, console, fail, run_async
 
 
 def rollout_cmd(
@@ -31,17 +29,9 @@ def rollout_cmd(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Run rollouts with the recipe's policy, tools and rewards (no training) and save the trajectories."""
-    from rlfactory.train.validate import check_recipe
-
     if split not in ("train", "val"):
         fail(f"--split {split!r}: use train or val")
-    check = check_recipe(recipe, list(set_), for_training=False)
-    for w in check.warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
-    if not check.ok:
-        fail(f"{recipe}: {len(check.errors)} problem(s) (nothing was started):\n"
-             + "\n".join(f"  - {e}" for e in check.errors))
-    r = check.recipe
+    r = check_or_fail(recipe, list(set_), for_training=False)
     path = r.data.train_file if split == "train" else r.data.val_file
     if not path:
         fail(f"{recipe}: --split val needs data.val_file in the recipe")

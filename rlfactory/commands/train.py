@@ -12,23 +12,7 @@ from typing import Optional
 
 import typer
 
-from rlfactory.commands._common import console, err_console, fail
-
-SET_HELP = ("Override a recipe field: --set dotted.key=value (repeatable; values are YAML; relative paths resolve "
-            "against the recipe's folder), e.g. --set trainer.total_steps=10.")
-
-
-def _check_or_fail(recipe_path: Path, overrides: list[str], *, for_training: bool) -> object:
-    from rlfactory.train.validate import check_recipe
-
-    check = check_recipe(recipe_path, overrides, for_training=for_training)
-    for w in check.warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
-    if not check.ok:
-        n = len(check.errors)
-        fail(f"{recipe_path}: {n} problem{'s' if n > 1 else ''} (nothing was started):\n"
-             + "\n".join(f"  - {e}" for e in check.errors))
-    return check.recipe
+from rlfactory.commands._common import SET_HELP, check_or_fail, console, err_console, fail
 
 
 def validate_cmd(
@@ -73,7 +57,7 @@ def train_cmd(
         overrides.append(f"engine={engine}")
     if output_dir is not None:
         overrides.append(f"trainer.output_dir={json.dumps(str(output_dir.resolve()))}")  # JSON is YAML: any path
-    r = _check_or_fail(recipe, overrides, for_training=not (dry_run or engine == "verl"))
+    r = check_or_fail(recipe, overrides, for_training=not (dry_run or engine == "verl"))
     if r.engine == "verl" or dry_run:
         _verl(r, dry_run=dry_run, resume=resume)
         return
@@ -130,7 +114,7 @@ def eval_cmd(
         overrides.append(f"trainer.eval_samples_per_prompt={k}")
         if k > 1:
             overrides.append("trainer.eval_temperature=1.0")
-    r = _check_or_fail(recipe, overrides, for_training=checkpoint is None)
+    r = check_or_fail(recipe, overrides, for_training=checkpoint is None)
     if not r.data.val_file:
         fail(f"{recipe}: data.val_file is empty; add a validation file (or pass --set data.val_file=PATH)")
     from rlfactory.api import evaluate
