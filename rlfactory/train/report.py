@@ -123,20 +123,13 @@ def plot_rewards(rows: list[dict[str, Any]], path: Path, title: str = "reward") 
 
 
 def _run_tokenizer(run: Path) -> Any | None:
-    """The run's tokenizer (from the resolved recipe.yaml it saved), so the viewer shows token texts; None if it
-    cannot be loaded (the viewer then shows token ids)."""
-    import yaml
+    """The run's tokenizer (from the resolved recipe.yaml it saved, loaded as training loads it), so the viewer shows
+    token texts; None if it cannot be loaded (the viewer then shows token ids)."""
+    from rlfactory.config import Recipe
+    from rlfactory.train.rollout_side import load_tokenizer
 
     try:
-        rec = yaml.safe_load((run / "recipe.yaml").read_text())
-        path = (rec.get("tokenizer") or {}).get("path") or rec["model"]["path"]
-        if path == "qwen3-offline":
-            from rlfactory.rollout.tokenizer import load_qwen_tokenizer
-
-            return load_qwen_tokenizer()
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer(Recipe.from_yaml(run / "recipe.yaml"))
     except Exception as e:  # the viewer works without it
         logger.info("report: no tokenizer for token texts (%s)", e)
         return None

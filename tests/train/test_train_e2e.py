@@ -85,6 +85,7 @@ def test_report_regenerates_plot_and_viewer(straight_run):
     proc = rlf("report", str(straight_run), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (straight_run / "reward_curve.png").is_file() and (straight_run / "transcripts.html").is_file()
+    assert "token ids only" not in (straight_run / "transcripts.html").read_text()  # the run's tokenizer was found
     bad = rlf("report", str(straight_run.parent / "nope"), timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
 
