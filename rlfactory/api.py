@@ -52,6 +52,7 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
 
     Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid."""
     if recipe.engine == "verl" or dry_run:
+        _check_or_raise(recipe, for_training=False)  # as the CLI: the model folder need only exist on the cluster
         try:
             from rlfactory.train import verl_engine
         except ImportError as e:

@@ -205,12 +205,6 @@ def run_verl(recipe: Any, output_dir: str | Path | None = None, dry_run: bool = 
     """Prepare (and unless `dry_run`, launch) a verl run; returns a summary for the CLI."""
     if recipe.engine != "verl" and not dry_run:
         raise ConfigError("engine is not verl; pass --engine verl", file=recipe.source)
-    from rlfactory.config import TINY_RANDOM_MODEL
-
-    if recipe.model.path == TINY_RANDOM_MODEL:
-        raise ConfigError("model.path: tiny-random is a local-engine option (verl's workers load a Hugging Face "
-                          "model folder); pass --set model.path=DIR, or train with engine local",
-                          file=recipe.source)
     prepared = prepare(recipe, output_dir, resume=resume)
     summary = {"output_dir": str(prepared.files.output_dir), "config": str(prepared.files.config_yaml),
                "overrides": str(prepared.files.overrides_txt), "train_rows": prepared.train_rows,

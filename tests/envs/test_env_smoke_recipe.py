@@ -68,7 +68,7 @@ def test_tiny_random_is_not_a_path_and_verl_refuses_it(tmp_path):
     from rlfactory.config import TINY_RANDOM_MODEL, Recipe
     from rlfactory.errors import ConfigError
     from rlfactory.train.validate import check_recipe
-    from rlfactory.train.verl_engine import run_verl
+    from rlfactory.api import train
 
     recipe = Recipe.from_yaml(RECIPE)
     assert recipe.model.path == TINY_RANDOM_MODEL
@@ -79,4 +79,4 @@ def test_tiny_random_is_not_a_path_and_verl_refuses_it(tmp_path):
     too_long = check_recipe(RECIPE, ["rollout.max_context_tokens=8192"], for_training=True)
     assert any("tiny-random model's 4096 positions" in e for e in too_long.errors), too_long.errors
     with pytest.raises(ConfigError, match="model.path: tiny-random"):
-        run_verl(recipe.with_overrides(["engine=verl"]), tmp_path, dry_run=True)
+        train(recipe.with_overrides(["engine=verl", f"trainer.output_dir={tmp_path}"]), dry_run=True)
