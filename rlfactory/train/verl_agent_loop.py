@@ -29,6 +29,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from rlfactory.rollout.engine import GenerationOutput, SamplingParams
+from rlfactory.train.verl_reward import score_fields
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,6 @@ class _WorkerState:
     tools: Any
     rewards: Any
     cache: Any
-    reward_names: list[str]
 
 
 _STATES: dict[tuple[str, int], _WorkerState] = {}
@@ -100,42 +100,25 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
     async with lock:
         if key in _STATES:
             return _STATES[key]
-        from rlfactory.reward import RewardSet
-        from rlfactory.rollout.chat import ChatFormat
-        from rlfactory.tools.cache import make_cache
-        from rlfactory.tools.manager import ToolManager
-        from rlfactory.train.rollout_side import load_tokenizer
+        from rlfactory.train.rollout_side import load_tokenizer, start_tool_side
 
         recipe = load_recipe(recipe_path, recipe_base_dir)
-        tokenizer = load_tokenizer(recipe)
-        cache = tools = None
-        if recipe.tools.mcp_configs:
-            cache = make_cache(recipe.tools.cache, Path(recipe.trainer.output_dir) / "tool_cache.rdb")
-            tools = ToolManager.from_files(recipe.tools.mcp_configs, cache=cache)
-            await tools.start()
-        rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
-        chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,
-                          enable_thinking=recipe.rollout.enable_thinking, system_prompt=recipe.rollout.system_prompt)
-        names = [fn.name for fn in rewards.functions]
-        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache, names)
+        cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir)
+        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache)
         logger.info("agent-loop worker ready: %d tool(s), %d reward function(s)",
-                    len(tools.specs) if tools else 0, len(names))
+                    len(tools.specs) if tools else 0, len(rewards.functions))
         return _STATES[key]
 
 
 async def close_worker_states() -> None:
     """Stop the tool servers (and caches) this process started on the running event loop."""
+    from rlfactory.train.rollout_side import close_tool_side
+
     loop_id = id(asyncio.get_running_loop())
     for key in [k for k in _STATES if k[1] == loop_id]:
         st = _STATES.pop(key)
         _LOCKS.pop(key, None)
-        if st.tools is not None:
-            await st.tools.close()
-        if st.cache is not None:
-            try:
-                await st.cache.close()
-            except Exception as e:  # noqa: BLE001 - closing is best effort
-                logger.debug("closing the tool cache failed: %s", e)
+        await close_tool_side(st.tools, st.cache)
 
 
 def _plain(value: Any) -> Any:
@@ -228,11 +211,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
         reward_score = None
         if self.score_in_loop:
             await st.rewards.score([traj])
-            reward_score = float(traj.reward if traj.reward is not None else st.rewards.failure_value)
-            # verl stacks these per key over the batch: every sample must carry the same keys
-            extra_info = {"score": reward_score, "reward_failed": float(traj.reward_failed)}
-            for name in st.reward_names:  # a failed function shows the failure value (and reward_failed = 1)
-                extra_info[f"reward/{name}"] = float(traj.reward_components.get(name, st.rewards.failure_value))
+            extra_info = score_fields(traj, st.rewards)
+            reward_score = extra_info["score"]
         return self._output(traj, reward_score, extra_info, horizon, sampling_params)
 
     def _output(self, traj: Any, reward_score: float | None, extra_info: dict[str, float], horizon: int,

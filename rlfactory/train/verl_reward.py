@@ -105,6 +105,13 @@ async def compute_score(data_source: str, solution_str: str, ground_truth: Any, 
     traj = trajectory_from_text(solution_str, task_from_verl(ground_truth, extra_info),
                                 max_calls=recipe.rollout.max_tool_calls_per_turn)
     await rewards.score([traj])
+    return score_fields(traj, rewards)
+
+
+def score_fields(traj: Trajectory, rewards: Any) -> dict[str, float]:
+    """A scored trajectory as verl's per-sample reward fields: `score`, `reward_failed` and `reward/<function>` for
+    every function, the same keys for every sample (verl stacks them per key over the batch); a function that failed
+    shows the failure value. Used by the agent loop (`reward_extra_info`) and by `compute_score`."""
     out = {"score": float(traj.reward if traj.reward is not None else rewards.failure_value),
            "reward_failed": float(traj.reward_failed)}
     for fn in rewards.functions:
