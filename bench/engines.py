@@ -78,25 +78,6 @@ async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: i
     return sum(len(o.token_ids) for o in outs), time.perf_counter() - started
 
 
-async def measure_engine_throughput(
-    engine_name: str, model_dir: Path, prompts: list[list[int]], new_tokens: int = 64, rounds: int = 3
-) -> dict[str, Any]:
-    """Start one engine, warm it up, run `rounds` rounds of the workload. Returns tokens/s per round and start-up."""
-    started = time.perf_counter()
-    engine = await _start(engine_name, model_dir)
-    await engine.generate(prompts[0][:16], _warmup_params())
-    startup_s = time.perf_counter() - started
-    per_round = []
-    try:
-        for r in range(rounds):
-            tokens, seconds = await _round(engine, prompts, new_tokens, seed=1000 * r)
-            per_round.append(tokens / seconds)
-    finally:
-        await engine.close()
-    return {"engine": engine_name, "tokens_per_s": statistics.median(per_round), "rounds_tokens_per_s": per_round,
-            "startup_s": startup_s}
-
-
 def _warmup_params() -> Any:
     from rlfactory.rollout.engine import SamplingParams
 

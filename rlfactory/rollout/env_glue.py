@@ -71,8 +71,9 @@ class EpisodeBinding:
         call = reset_call(task, _unique(self.specs), self.episode_id)
         if call is None:
             env = task.get("env") or (task.get("metadata") or {}).get("env")
-            if env and repr(env.get("server") if isinstance(env, dict) else env) not in _WARNED:
-                _WARNED.add(repr(env.get("server") if isinstance(env, dict) else env))  # once per server name
+            server = repr(env.get("server") if isinstance(env, dict) else env)
+            if env and server not in _WARNED:
+                _WARNED.add(server)  # once per server name
                 logger.warning("task %s names env %r, but no connected server has a `reset` tool for it; the policy "
                                "must open the episode itself", task.get("id"), env)
             return None
