@@ -35,8 +35,8 @@ log = logging.getLogger("bench.engines")
 
 def build_model_dir(path: Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
     """Save a tiny random Qwen3 (the test fixture's shape) plus the offline Qwen tokenizer into `path`."""
-    from rlfactory.models import build_tiny_qwen3
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     build_tiny_qwen3(len(tok), seed=seed, hidden_size=hidden_size, num_layers=num_layers).save_pretrained(path)
@@ -54,13 +54,13 @@ def make_prompts(requests: int, prefix_tokens: int, tail_tokens: int = 32, seed:
 
 async def _start(engine_name: str, model_dir: Path) -> Any:
     if engine_name == "hf":
-        from rlfactory.models import load_model
-        from rlfactory.rollout.hf_engine import HFEngine
+        from rlfactory.models.loading import load_model
+        from rlfactory.rollout.engines.hf import HFEngine
 
         return HFEngine(load_model(model_dir, "float32", "cpu"), pad_token_id=151643, eos_token_ids=[],
                         device="cpu")
     if engine_name == "vllm":
-        from rlfactory.rollout.vllm_engine import VLLMEngine
+        from rlfactory.rollout.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_model_dir(model_dir, dtype="float32", max_model_len=2048, seed=0)
     raise ValueError(f"unknown engine {engine_name!r}: use 'hf' or 'vllm'")
@@ -68,7 +68,7 @@ async def _start(engine_name: str, model_dir: Path) -> Any:
 
 async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int | None) -> tuple[int, float]:
     """One round: all prompts at once. seed=None: unseeded requests (vLLM then skips its per-request RNG path)."""
-    from rlfactory.rollout.engine import SamplingParams
+    from rlfactory.rollout.engines.protocol import SamplingParams
 
     started = time.perf_counter()
     outs = await asyncio.gather(*[
@@ -79,14 +79,14 @@ async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: i
 
 
 def _warmup_params() -> Any:
-    from rlfactory.rollout.engine import SamplingParams
+    from rlfactory.rollout.engines.protocol import SamplingParams
 
     return SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
 
 
 async def _side_by_side(model_dir: Path, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, Any]:
     """Both engines alive at once; rounds alternate between them."""
-    from rlfactory.rollout.vllm_engine import vllm_available
+    from rlfactory.rollout.engines.vllm import vllm_available
 
     engines: dict[str, Any] = {}
     figures: dict[str, Any] = {}

@@ -41,11 +41,10 @@ def local_check(root: Path, device: str = "cuda") -> dict[str, Any]:
     """2 GRPO steps on the local engine, on the GPU (`device="cpu"` runs the same check where there is none: the
     test suite does, so the script is known to work before a GPU is at hand)."""
     import torch
-
     from tiny_setup import build_tiny_setup
 
     from rlfactory.api import train
-    from rlfactory.config import Recipe
+    from rlfactory.recipe.schema import Recipe
 
     path = build_tiny_setup(root / "local", hidden_size=64, num_layers=2)
     recipe = Recipe.from_yaml(path, ["trainer.total_steps=2", f"trainer.device={device}", "trainer.save_every_steps=0",

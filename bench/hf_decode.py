@@ -50,8 +50,8 @@ async def _run(model: Any, prompts: list[list[int]], new_tokens: int, device: An
                cudnn: bool = False) -> dict[str, float]:
     import torch
 
-    from rlfactory.rollout.engine import SamplingParams
-    from rlfactory.rollout.hf_engine import HFEngine
+    from rlfactory.rollout.engines.hf import HFEngine
+    from rlfactory.rollout.engines.protocol import SamplingParams
 
     engine = HFEngine(model, pad_token_id=0, eos_token_ids=[vocab + 1], max_batch_size=len(prompts), device=device)
     torch.backends.cuda.enable_cudnn_sdp(cudnn)  # the engine turned it off on CUDA; the baseline turns it back on
@@ -71,7 +71,8 @@ async def _run(model: Any, prompts: list[list[int]], new_tokens: int, device: An
 def measure(preset: str, rows: int, prompt_tokens: int, new_tokens: int, rounds: int, device: str) -> dict[str, Any]:
     import torch
 
-    from rlfactory.models import build_tiny_qwen3, resolve_dtype
+    from rlfactory.models.devices import resolve_dtype
+    from rlfactory.models.tiny import build_tiny_qwen3
     from rlfactory.rollout import hf_kv
 
     spec = PRESETS[preset]

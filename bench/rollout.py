@@ -168,7 +168,7 @@ async def run_barrier(loop_cls: Any, engine: Any, tools: ScheduledTools, chat: A
 
 # ------------------------------------------------------------------------------------------------ setup
 def build_tokenizer(tool_schemas: list[dict[str, Any]]) -> Any:
-    from rlfactory.train.tokenizer_builder import build_tokenizer as train_bpe
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer as train_bpe
 
     transcripts = [{"tools": tool_schemas, "messages": [
         {"role": "user", "content": f"Task {i}: wait for the tool."},
@@ -218,12 +218,12 @@ def engine_figures() -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from scripted_model import build_scripted_qwen3
 
+    from rlfactory.recipe.rollout import RolloutConfig
     from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.config import RolloutConfig
-    from rlfactory.rollout.hf_engine import HFEngine
-    from rlfactory.rollout.scripted_model import build_scripted_qwen3
+    from rlfactory.rollout.engines.hf import HFEngine
     from rlfactory.tools.manager import ToolManager
 
     torch.set_num_threads(1)

@@ -36,10 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from rlfactory.tools.cache import make_cache  # noqa: E402
-from rlfactory.tools.config import load_mcp_config  # noqa: E402
+from rlfactory.recipe.tools import CacheConfig  # noqa: E402
+from rlfactory.tools.cache.factory import make_cache  # noqa: E402
 from rlfactory.tools.manager import ToolManager  # noqa: E402
-from rlfactory.tools.settings import CacheConfig  # noqa: E402
 from rlfactory.tools.types import ToolCall  # noqa: E402
 
 SERVER = HERE / "tool_server.py"

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _recipe(path: Path, steps: int, threads: int, out: Path, model_override: Path | None) -> Any:
-    from rlfactory.config import Recipe
+    from rlfactory.recipe.schema import Recipe
 
     sets = [f"trainer.total_steps={steps}", f"trainer.torch_threads={threads}", f"trainer.output_dir={out}",
             "trainer.save_every_steps=0", "trainer.eval_every_steps=0", "trainer.log.tensorboard=false"]
@@ -60,7 +60,7 @@ def _median(xs: list[float]) -> float:
 def run_config(recipe_path: Path, steps: int, threads: int, tmp: Path, model_override: Path | None,
                rnd: int) -> list[dict]:
     """One training run; its metrics rows after the first step (which pays for warm-up)."""
-    from rlfactory.train.local import train_local
+    from rlfactory.trainer.loop import train_local
 
     out = tmp / f"threads{threads}-round{rnd}"
     train_local(_recipe(recipe_path, steps, threads, out, model_override))
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--json", required=True, help="where to write the results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from rlfactory.config import Recipe
+    from rlfactory.recipe.schema import Recipe
 
     recipe_path = Path(args.recipe)
     threads = [int(x) for x in args.threads.split(",") if x.strip()]

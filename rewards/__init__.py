@@ -13,7 +13,7 @@ Each is a plain function whose parameter names say what it needs (`completion`, 
 qa.py: exact match, token F1, containment. format.py: tool-call/answer/thinking format and tool-use shaping.
 judge.py: an LLM judge over any OpenAI-compatible endpoint.
 """
-from rewards.format import (
+from rlfactory.rewards.format import (
     answer_tag_present,
     failed_tool_call_penalty,
     thinking_well_formed,
@@ -22,8 +22,8 @@ from rewards.format import (
     tool_success_per_turn,
     tool_use_required,
 )
-from rewards.judge import llm_judge, parse_score
-from rewards.qa import contains, exact_match, extract_answer, f1, normalize_answer
+from rlfactory.rewards.judge import llm_judge, parse_score
+from rlfactory.rewards.qa import contains, exact_match, extract_answer, f1, normalize_answer
 
 __all__ = [
     "answer_tag_present", "contains", "exact_match", "extract_answer", "f1", "failed_tool_call_penalty",

@@ -180,7 +180,7 @@ async def llm_judge(
             **(extra_body or {})}
     key = None
     if cache is not None:
-        from rlfactory.tools.cache import cache_key  # noqa: PLC0415 - rewards/ stays importable on its own
+        from rlfactory.tools.cache.base import cache_key  # noqa: PLC0415 - rewards/ stays importable on its own
 
         key = cache_key("judge", model, {"request": body, "max_score": max_score}, base_url.rstrip("/"))
         hit = await cache.get(key)

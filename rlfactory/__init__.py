@@ -12,7 +12,7 @@ __all__ = ["__version__", "redis_cache", "RLFactory", "Recipe", "train"]
 def __getattr__(name: str):
     # Lazy re-exports: keep `import rlfactory` cheap for tool servers and the CLI.
     if name == "redis_cache":
-        from rlfactory.tools.cache_decorator import redis_cache
+        from rlfactory.tools.cache.decorator import redis_cache
 
         return redis_cache
     if name == "RLFactory":
@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return RLFactory
     if name == "Recipe":
-        from rlfactory.config import Recipe
+        from rlfactory.recipe.schema import Recipe
 
         return Recipe
     if name == "train":

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from rlfactory.config import Recipe
 from rlfactory.errors import ConfigError
-from rlfactory.recipe_files import apply_overrides, load_yaml_mapping
+from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
+from rlfactory.recipe.schema import Recipe
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -39,7 +39,7 @@ _SHORTCUTS = {
 
 
 def _check_or_raise(recipe: Recipe, *, for_training: bool) -> None:
-    from rlfactory.train.validate import check_loaded_recipe
+    from rlfactory.preflight import check_loaded_recipe
 
     check = check_loaded_recipe(recipe, for_training=for_training)
     if not check.ok:
@@ -53,14 +53,9 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
     Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid."""
     if recipe.engine == "verl" or dry_run:
         _check_or_raise(recipe, for_training=False)  # as the CLI: the model folder need only exist on the cluster
-        try:
-            from rlfactory.train import verl_engine
-        except ImportError as e:
-            raise ConfigError("engine verl: rlfactory/train/verl_engine.py is not part of this build; use engine: "
-                              "local") from e
-        return verl_engine.run(recipe, dry_run=dry_run, resume=resume) or {}
+        return run_verl(recipe, dry_run=dry_run, resume=resume)
     _check_or_raise(recipe, for_training=True)
-    from rlfactory.train.local import train_local
+    from rlfactory.trainer.loop import train_local
 
     return train_local(recipe, resume=resume, progress=progress)
 
@@ -71,7 +66,7 @@ def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,
     _check_or_raise(recipe, for_training=checkpoint is None)
     if not recipe.data.val_file:
         raise ConfigError("data.val_file is empty: evaluation needs a validation file")
-    from rlfactory.train.evaluate import evaluate_local
+    from rlfactory.trainer.evaluate import evaluate_local
 
     return evaluate_local(recipe, checkpoint=checkpoint, output_dir=output_dir)
 

@@ -20,10 +20,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
+from rlfactory.data.tasks import read_rows
+from rlfactory.envs.tools import DATA_DIR
 from rlfactory.envs.types import StepResult
-from rlfactory.train.data import read_rows
 
-DATA = Path(__file__).resolve().parents[2] / "envs" / "tools" / "data"
+DATA = DATA_DIR
 DEFAULT_CORPUS = DATA / "deepsearch_corpus.jsonl"
 DEFAULT_QUESTIONS = DATA / "deepsearch_questions.jsonl"
 MAX_TOP_K = 10

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from rlfactory.envs.tools import DATA_DIR
 from rlfactory.envs.types import StepResult
 
-DEFAULT_RECIPES = Path(__file__).resolve().parents[2] / "envs" / "tools" / "data" / "textcraft_recipes.json"
+DEFAULT_RECIPES = DATA_DIR / "textcraft_recipes.json"
 MAX_DISTRACTORS = 10
 HELP = ("Valid actions: `get <count> <item>` (base items only), "
         "`craft <count> <item> using <count> <item>, <count> <item>` (exactly as a crafting command lists it), "

@@ -32,9 +32,9 @@ import traceback
 from collections import Counter
 from typing import TYPE_CHECKING, Any, get_args
 
+from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
-from rlfactory.rollout.config import RolloutConfig
-from rlfactory.rollout.engine import GenerationEngine, SamplingParams
+from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.trajectory import FinishReason, ToolCallRecord, Trajectory, TurnSpan

@@ -8,7 +8,7 @@ Left out: adaptive schedules driven by metrics (they would need state and break 
 """
 from __future__ import annotations
 
-from rlfactory.rollout.config import FixedHorizon, HorizonConfig, ScalingInterHorizon
+from rlfactory.recipe.rollout import FixedHorizon, HorizonConfig, ScalingInterHorizon
 
 
 def stage_for_step(cfg: HorizonConfig, global_step: int) -> int:

@@ -31,9 +31,10 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 from rlfactory.errors import ToolServerError
-from rlfactory.tools.cache import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, SingleFlight, ToolCache, cache_key, cached_call
-from rlfactory.tools.config import ServerConfig, load_mcp_configs
+from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, ToolCache, cache_key
+from rlfactory.tools.cache.single_flight import SingleFlight, cached_call
 from rlfactory.tools.mcp_client import error_result
+from rlfactory.tools.mcp_configs import ServerConfig, load_mcp_configs
 from rlfactory.tools.server import ToolServer
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 

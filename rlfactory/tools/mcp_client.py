@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 
 from rlfactory import __version__
 from rlfactory.errors import ToolServerError
-from rlfactory.tools.config import ServerConfig
+from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.types import ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from rlfactory.errors import ToolServerError
-from rlfactory.tools.config import ServerConfig
 from rlfactory.tools.mcp_client import ConnectionLost, MCPConnection, error_result
+from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.types import ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ class EnvSession:
 
 @contextlib.asynccontextmanager
 async def env_session(script: str, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[EnvSession]:
+    import os
+
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
-
-    import os
 
     params = StdioServerParameters(command=sys.executable, args=[str(REPO / "envs" / "tools" / script), *args],
                                    cwd=str(REPO), env={**os.environ, **(env or {})})

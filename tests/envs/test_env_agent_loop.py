@@ -15,13 +15,13 @@ from typing import Any, Callable
 import pytest
 from solvers import BabyAIShadow, textcraft_plan
 
-from rlfactory.reward import RewardsConfig, RewardSet
+from rlfactory.recipe.rollout import RolloutConfig
+from rlfactory.report.viewer import render_html
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
-from rlfactory.rollout.config import RolloutConfig
-from rlfactory.rollout.engine import GenerationOutput, SamplingParams
+from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.rollout.viewer import render_html
+from rlfactory.scoring.rewardset import RewardsConfig, RewardSet
 from rlfactory.tools.manager import ToolManager
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ class SolverPolicy:
 
 @pytest.fixture(scope="module")
 def tok():
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 

@@ -1,8 +1,7 @@
 """The rollout-side rules for environment servers (pure functions over rlfactory's tool records)."""
 from __future__ import annotations
 
-from rlfactory.envs.protocol import (bind_episode, close_calls, ends_episode, hide_episode_arg, policy_schema,
-                                     reset_call)
+from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, hide_episode_arg, policy_schema, reset_call
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 from solvers import textcraft_plan
 
-from rewards.env import env_return, env_score, env_status, env_step_rewards, env_success
+from rlfactory.rewards.env import env_return, env_score, env_status, env_step_rewards, env_success
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
-from rlfactory.tools.config import load_mcp_configs
 from rlfactory.tools.manager import ToolManager
+from rlfactory.tools.mcp_configs import load_mcp_configs
 from rlfactory.tools.types import ToolCall
 
 REPO = Path(__file__).resolve().parents[2]

@@ -65,10 +65,11 @@ def test_textcraft_smoke_recipe_rollout_shows_the_first_observation(tmp_path):
 
 
 def test_tiny_random_is_not_a_path_and_verl_refuses_it(tmp_path):
-    from rlfactory.config import TINY_RANDOM_MODEL, Recipe
-    from rlfactory.errors import ConfigError
-    from rlfactory.train.validate import check_recipe
     from rlfactory.api import train
+    from rlfactory.errors import ConfigError
+    from rlfactory.preflight import check_recipe
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.recipe.training import TINY_RANDOM_MODEL
 
     recipe = Recipe.from_yaml(RECIPE)
     assert recipe.model.path == TINY_RANDOM_MODEL

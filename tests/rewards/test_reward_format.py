@@ -1,7 +1,7 @@
 """rewards/format.py: tool-call / answer / thinking format checks and tool-use shaping."""
 from __future__ import annotations
 
-from rewards.format import (
+from rlfactory.rewards.format import (
     answer_tag_present,
     failed_tool_call_penalty,
     thinking_well_formed,

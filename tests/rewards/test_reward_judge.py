@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rewards.judge import JudgeError, build_messages, llm_judge, parse_score
-from rlfactory.reward import RewardSet, RewardsConfig, RewardSpec
-from rlfactory.tools.cache import make_cache
-from rlfactory.tools.settings import CacheConfig
+from rlfactory.recipe.rewards import RewardSpec
+from rlfactory.recipe.tools import CacheConfig
+from rlfactory.rewards.judge import JudgeError, build_messages, llm_judge, parse_score
+from rlfactory.scoring.rewardset import RewardsConfig, RewardSet
+from rlfactory.tools.cache.factory import make_cache
 
 SCORES = [str(i) for i in range(11)]
 TASK = {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is 6*7?"}],

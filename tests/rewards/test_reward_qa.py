@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.qa import contains, exact_match, extract_answer, f1, normalize_answer
+from rlfactory.rewards.qa import contains, exact_match, extract_answer, f1, normalize_answer
 
 
 def test_last_answer_tag_wins():

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from rlfactory.serve import split_reply
+from rlfactory.serve.server import split_reply
 
 CALC_TOOL = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
@@ -124,9 +124,9 @@ def test_errors_are_openai_shaped(served_model):
 
 def test_forced_choice_picks_the_highest_logprob_choice():
     torch = pytest.importorskip("torch")
-    from rlfactory.models import build_tiny_qwen3
-    from rlfactory.rollout.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
-    from rlfactory.serve import ChatServer
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
+    from rlfactory.serve.server import ChatServer
 
     tok = load_qwen_tokenizer()
     server = ChatServer(build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=3), tok, "m")
@@ -149,9 +149,9 @@ def test_forced_choice_picks_the_highest_logprob_choice():
 
 async def test_serving_a_saved_model_directory(tmp_path):
     """The MODEL-dir path: a checkpoint saved with save_pretrained (weights + tokenizer) loads and answers."""
-    from rlfactory.models import build_tiny_qwen3
-    from rlfactory.rollout.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
-    from rlfactory.serve import ChatRequest, load_server
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
+    from rlfactory.serve.server import ChatRequest, load_server
 
     build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=1).save_pretrained(tmp_path / "ckpt")
     load_qwen_tokenizer().save_pretrained(tmp_path / "ckpt")

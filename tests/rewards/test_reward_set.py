@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from rlfactory.errors import ConfigError
-from rlfactory.reward import RewardSet, RewardsConfig, RewardSpec, token_level_rewards
+from rlfactory.recipe.rewards import RewardSpec
+from rlfactory.scoring.rewardset import RewardsConfig, RewardSet, token_level_rewards
 
 USER_REWARDS = '''
 import asyncio
@@ -177,7 +178,7 @@ async def test_raising_function_is_counted_logged_flagged_and_gets_the_failure_v
     rs = _set(recipe_dir, {"function": "my_rewards.py:explodes_on_odd"}, {"function": "exact_match", "weight": 0},
               failure_value=-0.5)
     trajs = [make_traj(["<answer>1</answer>"], answer="1", tid=f"t{i}") for i in range(4)]
-    with caplog.at_level(logging.WARNING, logger="rlfactory.reward"):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.scoring.rewardset"):
         metrics = await rs.score(trajs)
     assert [t.reward for t in trajs] == [1.0, -0.5, 1.0, -0.5]
     assert [t.reward_failed for t in trajs] == [False, True, False, True]
@@ -247,7 +248,7 @@ async def test_scoring_does_not_block_other_coroutines(recipe_dir, make_traj):
 
 
 def test_every_registered_name_loads_and_takes_only_suppliable_parameters(tmp_path):
-    from rlfactory.reward import REGISTRY
+    from rlfactory.scoring.loader import REGISTRY
 
     # llm_judge needs its endpoint in kwargs; everything else loads with no kwargs at all
     specs = [RewardSpec(function=n, kwargs={"base_url": "http://127.0.0.1:9/v1", "model": "m"}

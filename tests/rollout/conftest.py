@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """Qwen3's tokenizer (151,669 ids) with the project's Qwen3 chat template."""
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 
@@ -23,6 +23,6 @@ def tiny_qwen3(qwen_tokenizer):
     Its vocabulary is the tokenizer's 151,669 ids (not the 151,936 rows of real checkpoints) so every sampled id
     decodes to text.
     """
-    from rlfactory.models import build_tiny_qwen3
+    from rlfactory.models.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(len(qwen_tokenizer), seed=0)

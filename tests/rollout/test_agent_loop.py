@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripted_model import build_scripted_qwen3
 
+from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
 from rlfactory.rollout.chat import ChatFormat
-from rlfactory.rollout.config import RolloutConfig
-from rlfactory.rollout.hf_engine import HFEngine
-from rlfactory.rollout.scripted_model import build_scripted_qwen3
+from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.truncation import truncate_tokens
 from rlfactory.tools.manager import ToolManager
 

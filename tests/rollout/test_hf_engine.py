@@ -6,9 +6,9 @@ import asyncio
 import pytest
 import torch
 
-from rlfactory.models import build_tiny_qwen3
-from rlfactory.rollout.engine import GenerationEngine, SamplingParams
-from rlfactory.rollout.hf_engine import HFEngine
+from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.rollout.engines.hf import HFEngine
+from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 
 IM_END, PAD = 151645, 151643
 PROMPTS = [

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from rlfactory.rollout.hf_kv import GROW_COLUMNS, BatchKV, GrowingLayer
+from rlfactory.rollout.engines.hf_kv import GROW_COLUMNS, BatchKV, GrowingLayer
 
 LAYERS, HEADS, DIM = 2, 2, 4
 

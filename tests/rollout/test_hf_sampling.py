@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rlfactory.rollout.engine import SamplingParams
-from rlfactory.rollout.hf_sampling import RowSampler, make_generator, sample_rows
+from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator, sample_rows
+from rlfactory.rollout.engines.protocol import SamplingParams
 
 QWEN_VOCAB = 151_669
 

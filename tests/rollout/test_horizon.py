@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from rlfactory.rollout.config import FixedHorizon, HorizonConfig, RolloutConfig, ScalingInterHorizon
+from rlfactory.recipe.rollout import FixedHorizon, HorizonConfig, RolloutConfig, ScalingInterHorizon
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
 
 

@@ -25,12 +25,12 @@ import os
 from collections import Counter
 
 import pytest
+from scripted_model import build_scripted_qwen3
 
+from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
-from rlfactory.rollout.config import RolloutConfig
-from rlfactory.rollout.hf_engine import HFEngine
-from rlfactory.rollout.scripted_model import build_scripted_qwen3
+from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.manager import ToolManager
 

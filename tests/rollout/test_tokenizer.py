@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlfactory.rollout.tokenizer import (
+from rlfactory.models.tokenizer import (
     QWEN3_ADDED_TOKENS,
     QWEN_PRETOKENIZE_REGEX,
     attach_chat_template,

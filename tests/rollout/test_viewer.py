@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from rlfactory.report.viewer import render_html, write_html
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
-from rlfactory.rollout.viewer import render_html, write_html
 
 XSS = '<img src=x onerror="document.title=\'pwned\'"></pre><script>document.title="pwned"</script>'
 

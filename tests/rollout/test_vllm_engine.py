@@ -10,10 +10,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rlfactory.models import build_tiny_qwen3
-from rlfactory.rollout.engine import GenerationEngine, SamplingParams
-from rlfactory.rollout.hf_engine import HFEngine
-from rlfactory.rollout.vllm_engine import VLLMEngine, vllm_available
+from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.rollout.engines.hf import HFEngine
+from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
+from rlfactory.rollout.engines.vllm import VLLMEngine, vllm_available
 
 pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="vllm is not importable: pip install 'rlfactory[cpu-vllm]' "

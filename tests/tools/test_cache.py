@@ -11,9 +11,11 @@ import pytest
 import redis
 
 from rlfactory.errors import ConfigError
-from rlfactory.tools.cache import NoCache, SingleFlight, cache_key, cached_call, canonical_json, make_cache
-from rlfactory.tools.cache_redis import EmbeddedCache, RedisCache
-from rlfactory.tools.settings import CacheConfig
+from rlfactory.recipe.tools import CacheConfig
+from rlfactory.tools.cache.base import NoCache, cache_key, canonical_json
+from rlfactory.tools.cache.factory import make_cache
+from rlfactory.tools.cache.redis_backend import EmbeddedCache, RedisCache
+from rlfactory.tools.cache.single_flight import SingleFlight, cached_call
 from rlfactory.tools.types import ToolResult
 
 
@@ -123,7 +125,7 @@ async def test_outage_degrades_to_misses_with_one_warning_then_recovers(redis_se
         assert await cache.get(key) is not None
 
         redis_server.stop()
-        with caplog.at_level(logging.WARNING, logger="rlfactory.tools.cache_redis"):
+        with caplog.at_level(logging.WARNING, logger="rlfactory.tools.cache.redis_backend"):
             for _ in range(5):
                 assert await cache.get(key) is None
                 await cache.set(key, ok(), ttl_s=60)  # must not raise

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from rlfactory import redis_cache
-from rlfactory.tools.cache import CACHE_NAMESPACE_ENV, CACHE_URL_ENV
+from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV
 
 SERVER = Path(__file__).parent / "servers" / "h2_cached_server.py"
 
@@ -135,7 +135,7 @@ def test_outage_passes_through_with_one_warning_then_recovers(redis_server, capl
     square, ran = counting(ttl_s=60, url=redis_server.url, retry_interval_s=0.0)
     square(7)
     redis_server.stop()
-    with caplog.at_level(logging.WARNING, logger="rlfactory.tools.cache_decorator"):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.tools.cache.decorator"):
         for _ in range(4):
             assert square(7) == {"value": 49}
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][0].startswith(

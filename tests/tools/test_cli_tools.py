@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from mcp_helpers import child_pids, toolbox_entry, write_config
 
 BIN = Path(sys.executable).parent / "rlfactory"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlfactory.errors import ConfigError
-from rlfactory.tools.config import load_mcp_config, load_mcp_configs
+from rlfactory.tools.mcp_configs import load_mcp_config, load_mcp_configs
 
 TOOLBOX = Path(__file__).parent / "servers" / "toolbox.py"
 

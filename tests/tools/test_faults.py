@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from mcp_helpers import HttpToolbox, alive, child_pids, toolbox_entry, write_config
+
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.types import ToolCall

@@ -1,15 +1,14 @@
 """ToolManager against real MCP server subprocesses (stdio and streamable HTTP) and a real Redis."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import pytest_asyncio
-
 from mcp_helpers import HttpToolbox, alive, child_pids, toolbox_entry, write_config
-from rlfactory.tools.cache import CACHE_URL_ENV, make_cache
+
+from rlfactory.recipe.tools import CacheConfig
+from rlfactory.tools.cache.base import CACHE_URL_ENV
+from rlfactory.tools.cache.factory import make_cache
 from rlfactory.tools.manager import ToolManager
-from rlfactory.tools.settings import CacheConfig
 from rlfactory.tools.types import ToolCall
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

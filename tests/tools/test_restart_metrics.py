@@ -7,8 +7,8 @@ import asyncio
 import time
 
 import pytest
-
 from mcp_helpers import toolbox_entry, write_config
+
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.types import ToolCall
 

@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 
 import pytest
+from mcp_helpers import child_pids
 
 from envs.tools import python_sandbox as sandbox
-from mcp_helpers import child_pids
 
 
 @pytest.fixture(scope="module", params=["probed", "hook_only"])

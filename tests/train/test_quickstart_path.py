@@ -18,7 +18,7 @@ SYSTEM = "Use the calculator tool for arithmetic. Give the final answer as <answ
 
 def _demos(n: int, direct_fraction: float, seed: int = 0) -> tuple[list[dict], dict]:
     from rlfactory.tools.manager import ToolManager
-    from rlfactory.train.demos import generate_demos, make_arithmetic_tasks
+    from rlfactory.warmup.demos import generate_demos, make_arithmetic_tasks
 
     async def go():
         async with ToolManager.from_files([CALC_CONFIG]) as manager:
@@ -37,7 +37,7 @@ def demos() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tokenizer(demos):
-    from rlfactory.train.tokenizer_builder import build_tokenizer
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer
 
     return build_tokenizer(demos, vocab_size=1024)
 
@@ -61,8 +61,8 @@ def test_demos_come_from_the_real_calculator(demos):
 
 
 def test_tokenizer_splits_digits_and_keeps_special_tokens_whole(tokenizer):
-    from rlfactory.rollout.tokenizer import chat_template_text
-    from rlfactory.train.tokenizer_builder import CONTROL_TOKENS, FORMAT_TOKENS, check_tokenizer
+    from rlfactory.models.tokenizer import chat_template_text
+    from rlfactory.warmup.tokenizer_builder import CONTROL_TOKENS, FORMAT_TOKENS, check_tokenizer
 
     assert check_tokenizer(tokenizer) == []
     ids = tokenizer.encode("x = 4817*2931", add_special_tokens=False)
@@ -91,12 +91,12 @@ def test_rendered_prompt_with_tool_schema_is_short(tokenizer, demos):
 def test_sft_encoding_equals_what_the_agent_loop_builds(tokenizer, demos):
     """Replay each demonstration's assistant tokens through the real AgentLoop and the real calculator: the
     trajectory's prompt + response ids and loss mask must equal the SFT encoding, token for token."""
+    from rlfactory.recipe.rollout import RolloutConfig
     from rlfactory.rollout.agent_loop import AgentLoop
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.config import RolloutConfig
-    from rlfactory.rollout.engine import GenerationOutput
+    from rlfactory.rollout.engines.protocol import GenerationOutput
     from rlfactory.tools.manager import ToolManager
-    from rlfactory.train.sft import encode_transcript
+    from rlfactory.warmup.sft import encode_transcript
 
     class ScriptedPolicy:
         """A GenerationEngine that emits a demonstration's assistant turns as token ids, one turn per call."""
@@ -133,7 +133,7 @@ def test_sft_encoding_equals_what_the_agent_loop_builds(tokenizer, demos):
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer, demos):
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.train.sft import _batch, encode_transcript
+    from rlfactory.warmup.sft import _batch, encode_transcript
 
     chat = ChatFormat(tokenizer, demos[0]["tools"], system_prompt=SYSTEM)
     demo = next(d for d in demos if d["style"] == "tool")
@@ -150,9 +150,10 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer, demos):
 def test_tiny_sft_run_lowers_the_policy_loss(tokenizer, demos):
     import torch
 
-    from rlfactory.models import build_tiny_qwen3
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.recipe.sft import SFTPhase
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.train.sft import SFTPhase, encode_transcript, save_model, train_phases
+    from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
 
     torch.manual_seed(0)
     chat = ChatFormat(tokenizer, demos[0]["tools"], system_prompt=SYSTEM)
@@ -235,8 +236,8 @@ def test_shipped_checkpoint_is_small_bf16_and_speaks_qwen3_chat():
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from rlfactory.rollout.tokenizer import chat_template_text
-    from rlfactory.train.tokenizer_builder import check_tokenizer
+    from rlfactory.models.tokenizer import chat_template_text
+    from rlfactory.warmup.tokenizer_builder import check_tokenizer
 
     model_dir = REPO / "models" / "quickstart-calc"
     weights = model_dir / "model.safetensors"
@@ -255,7 +256,7 @@ def test_shipped_checkpoint_still_sees_the_prompt_it_was_trained_on():
     (`rlfactory sft recipes/quickstart_sft.yaml`)."""
     from transformers import AutoTokenizer
 
-    from rlfactory.config import Recipe
+    from rlfactory.recipe.schema import Recipe
     from rlfactory.rollout.chat import ChatFormat
     from rlfactory.tools.manager import ToolManager
 

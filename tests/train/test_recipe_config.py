@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfactory.config import Recipe, validate_recipe
-from rlfactory.recipe_files import apply_overrides
 from rlfactory.errors import ConfigError
-from rlfactory.train.validate import check_recipe
+from rlfactory.preflight import check_recipe, validate_recipe
+from rlfactory.recipe.files import apply_overrides
+from rlfactory.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlfactory import RLFactory, Recipe
+from rlfactory import Recipe, RLFactory
 from rlfactory.errors import ConfigError
 
 

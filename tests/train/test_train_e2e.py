@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfactory.train.local import NON_DETERMINISTIC_PREFIXES
+from rlfactory.trainer.loop import NON_DETERMINISTIC_PREFIXES
 
 STEPS = 4
 

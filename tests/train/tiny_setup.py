@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _transcripts(tasks: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from rlfactory.train.demos import calculator_policy, direct_demo, tool_demo
+    from rlfactory.warmup.demos import calculator_policy, direct_demo, tool_demo
 
     out = []
     for t in tasks:
@@ -41,9 +41,9 @@ def build_tiny_setup(root: Path, *, hidden_size: int = 32, num_layers: int = 1, 
                      vocab_size: int = 400, tokenizer_tasks: int = 32,
                      recipe_overrides: dict[str, Any] | None = None) -> Path:
     """Write everything under `root`; return the recipe path."""
-    from rlfactory.models import build_tiny_qwen3
-    from rlfactory.train.demos import make_arithmetic_tasks
-    from rlfactory.train.tokenizer_builder import build_tokenizer
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.warmup.demos import make_arithmetic_tasks
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "mcp.json").write_text(json.dumps({"mcpServers": {"calculator": {

@@ -15,14 +15,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from verl_setup import IM_END, HFServer, build_setup, dataset_batch_dict, expected_mask
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from rlfactory.config import Recipe
-    from rlfactory.train.verl_engine import prepare
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import prepare
 
     root = tmp_path_factory.mktemp("verl_loop")
     recipe_path, model = build_setup(root)
@@ -44,10 +43,10 @@ def _batch(prepared, global_steps: int):
 async def test_agent_loop_runs_inside_verl_worker(prepared):
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    from rlfactory.rollout.hf_engine import HFEngine
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
-    from rlfactory.train.verl_agent_loop import close_worker_states
-    from rlfactory.train.verl_reward import compute_score
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
+    from rlfactory.rollout.engines.hf import HFEngine
+    from rlfactory.verl.agent_loop import close_worker_states
+    from rlfactory.verl.reward import compute_score
 
     prep, model = prepared
     cfg = prep.config
@@ -119,8 +118,8 @@ async def test_agent_loop_runs_inside_verl_worker(prepared):
 
 
 def test_horizon_follows_verls_one_based_steps():
-    from rlfactory.rollout.config import ScalingInterHorizon
-    from rlfactory.train.verl_agent_loop import horizon_at
+    from rlfactory.recipe.rollout import ScalingInterHorizon
+    from rlfactory.verl.agent_loop import horizon_at
 
     sched = ScalingInterHorizon(horizons=[2, 5, 9], interval_steps=10)
     # verl's first update is global_steps=1 (= our step 0); v0 trainers send no step (first stage)
@@ -132,7 +131,7 @@ def test_a_prompt_longer_than_verls_prompt_length_is_not_trained_on():
     from types import SimpleNamespace
 
     from rlfactory.rollout.trajectory import Trajectory, TurnSpan
-    from rlfactory.train.verl_agent_loop import RLFactoryAgentLoop
+    from rlfactory.verl.agent_loop import RLFactoryAgentLoop
 
     traj = Trajectory(id="x", prompt_ids=list(range(10)), response_ids=[1, 2, 3, 4], loss_mask=[1, 1, 0, 1],
                       logprobs=[-1.0, -2.0, 0.0, -3.0], turns=[TurnSpan(role="assistant", start=0, end=4)])

@@ -19,7 +19,7 @@ RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 def _fit_gpus(recipe) -> list[str]:
     """CPU smoke recipes keep tiny batches: give them as many GPUs (<= 8) as their batch splits over."""
-    from rlfactory.train.verl_config import recipe_problems
+    from rlfactory.verl.config import recipe_problems
 
     if not any("GPUs" in p for p in recipe_problems(recipe)):
         return []
@@ -31,8 +31,8 @@ def _fit_gpus(recipe) -> list[str]:
 @pytest.fixture(scope="module")
 def translated(tmp_path_factory):
     """{recipe name: (Recipe, VerlPrepared, extra overrides used)} for every recipe file."""
-    from rlfactory.config import Recipe
-    from rlfactory.train.verl_engine import prepare
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import prepare
 
     out = {}
     for path in RECIPES:
@@ -64,7 +64,7 @@ def test_fields_round_trip_in_verls_units(translated):
     from omegaconf import OmegaConf
     from pydantic import TypeAdapter
 
-    from rlfactory.rollout.config import HorizonConfig
+    from rlfactory.recipe.rollout import HorizonConfig
     from rlfactory.rollout.horizon import horizon_for_step
 
     for name, (r, prep, _) in translated.items():
@@ -103,8 +103,8 @@ def test_fields_round_trip_in_verls_units(translated):
 def test_kl_and_multi_gpu_settings_round_trip(tmp_path):
     from verl.trainer.ppo.utils import need_reference_policy
 
-    from rlfactory.config import Recipe
-    from rlfactory.train.verl_engine import prepare
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import prepare
 
     r = Recipe.from_yaml(REPO / "recipes" / "qwen3_1_7b_calculator.yaml", [
         "engine=verl", f"trainer.output_dir={tmp_path}", "algorithm.kl.use_reference=true", "algorithm.kl.coef=0.01",
@@ -127,9 +127,9 @@ def test_kl_and_multi_gpu_settings_round_trip(tmp_path):
     ("verl.extra_overrides=[actor_rollout_ref.actor.no_such_key=1]", "verl.extra_overrides"),
 ])
 def test_errors_name_the_recipe_field(tmp_path, override, field):
-    from rlfactory.config import Recipe
     from rlfactory.errors import ConfigError
-    from rlfactory.train.verl_engine import prepare
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import prepare
 
     r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
                          ["engine=verl", f"trainer.output_dir={tmp_path}", override])
@@ -165,9 +165,9 @@ def test_a_real_run_stops_clearly_without_gpus_or_vllm(tmp_path):
 
     import torch
 
-    from rlfactory.config import Recipe
     from rlfactory.errors import RLFactoryError
-    from rlfactory.train.verl_engine import run_verl
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import run_verl
 
     if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
         pytest.skip("this machine could really launch verl")
@@ -183,7 +183,7 @@ def test_transfer_queue_storage_fits_a_small_local_ray(translated):
     cores they would wait for CPUs forever, so launch() caps them at a quarter of the cores (at least 1)."""
     import copy
 
-    from rlfactory.train.verl_engine import fit_transfer_queue
+    from rlfactory.verl.launch import fit_transfer_queue
 
     _, prep, _ = next(iter(translated.values()))
     assert prep.config.trainer.use_v1  # verl's default trainer is kept
@@ -200,7 +200,7 @@ def test_v1_trainer_is_used_when_transfer_queue_is_installed(translated):
 
     from verl.trainer import main_ppo
 
-    from rlfactory.train.verl_engine import task_runner_class
+    from rlfactory.verl.launch import task_runner_class
 
     pytest.importorskip("transfer_queue")
     cfg = copy.deepcopy(next(iter(translated.values()))[1].config)

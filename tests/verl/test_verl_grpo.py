@@ -40,8 +40,8 @@ def _verl_actor_config(tmp_path: Path, overrides: list[str]):
     """verl's ActorConfig as verl builds it from the config our translation composes."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from rlfactory.config import Recipe
-    from rlfactory.train.verl_config import VerlFiles, compose, to_overrides, verl_settings
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.config import VerlFiles, compose, to_overrides, verl_settings
 
     r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
                          ["engine=verl", "verl.gpus_per_node=1", f"trainer.output_dir={tmp_path}"] + overrides)
@@ -64,9 +64,15 @@ def test_local_grpo_equals_verl(tmp_path, overrides):
     from verl.utils.torch_functional import logprobs_from_logits
     from verl.workers.utils.losses import ppo_loss
 
-    from rlfactory.models import build_tiny_qwen3
-    from rlfactory.train.grpo import (actor_config, build_batch, compute_advantages, policy_loss, response_logprobs,
-                                      set_global_batch)
+    from rlfactory.algorithms.grpo import (
+        actor_config,
+        build_batch,
+        compute_advantages,
+        policy_loss,
+        response_logprobs,
+        set_global_batch,
+    )
+    from rlfactory.models.tiny import build_tiny_qwen3
 
     recipe, verl_cfg, cfg = _verl_actor_config(tmp_path, overrides)
     a, temperature = recipe.algorithm, recipe.rollout.sampling.temperature

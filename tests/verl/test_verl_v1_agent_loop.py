@@ -15,7 +15,6 @@ import shutil
 
 import pytest
 import torch
-
 from verl_setup import IM_END, HFServer, build_setup, dataset_batch_dict, expected_mask
 
 pytest.importorskip("transfer_queue", reason="TransferQueue (a dependency of rlfactory) is not installed")
@@ -27,8 +26,8 @@ def tq_cluster(tmp_path_factory):
     import ray
     import transfer_queue as tq
 
-    from rlfactory.config import Recipe
-    from rlfactory.train.verl_engine import fit_transfer_queue, prepare
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import fit_transfer_queue, prepare
 
     root = tmp_path_factory.mktemp("verl_v1")
     recipe_path, model = build_setup(root)
@@ -79,9 +78,9 @@ async def _one_step(worker, prep, global_steps: int):
 
 
 async def test_agent_loop_runs_inside_verls_v1_transfer_queue_worker(tq_cluster):
-    from rlfactory.rollout.hf_engine import HFEngine
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
-    from rlfactory.train.verl_agent_loop import close_worker_states
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
+    from rlfactory.rollout.engines.hf import HFEngine
+    from rlfactory.verl.agent_loop import close_worker_states
 
     prep, model = tq_cluster
     cfg = prep.config

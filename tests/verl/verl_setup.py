@@ -20,9 +20,10 @@ IM_END = 151645
 
 def build_setup(root: Path) -> tuple[Path, Any]:
     """Write the setup under `root`; returns (recipe path, scripted model)."""
+    from scripted_model import build_scripted_qwen3
+
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.scripted_model import build_scripted_qwen3
-    from rlfactory.rollout.tokenizer import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
     model = build_scripted_qwen3(tok, [(CALL, 0.6), (ANSWER, 0.4)],
@@ -68,7 +69,7 @@ class HFServer:
                        **kwargs: Any) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
-        from rlfactory.rollout.engine import SamplingParams
+        from rlfactory.rollout.engines.protocol import SamplingParams
 
         sp = SamplingParams(temperature=sampling_params["temperature"], top_p=sampling_params["top_p"],
                             top_k=sampling_params["top_k"], max_new_tokens=sampling_params["max_tokens"],

@@ -1,0 +1,205 @@
+"""GRPO glue over verl's `core_algos`: Trajectories -> padded tensors -> advantages -> policy loss (+ KL, entropy).
+
+GRPO: Shao et al. 2024, DeepSeekMath, https://arxiv.org/abs/2402.03300 (group-relative advantages, PPO-clip loss).
+The maths is verl's (`compute_grpo_outcome_advantage`, `get_policy_loss_fn`, `agg_loss`, `kl_penalty`), called with
+the same arguments verl's own actor uses, so both engines optimise the same objective. What is here is only the
+tensor plumbing: left-padded prompts + right-padded responses (`[N, P + T]`), the loss mask (1 on policy tokens,
+0 on tool/env tokens), old logprobs from the generation pass, and the global-batch normalisation that makes
+gradient accumulation over micro-batches equal to one big batch.
+
+Left out: the optimizer step and micro-batch loop (`local.py`), critics/GAE, sequence packing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfactory.rollout.trajectory import Trajectory
+
+
+@dataclass
+class GRPOBatch:
+    """One step's trajectories as padded tensors. N = B*G trajectories, P = longest prompt, T = longest response."""
+
+    input_ids: torch.Tensor  # [N, P+T] prompt left-padded, response right-padded
+    attention_mask: torch.Tensor  # [N, P+T] 1 on real tokens
+    position_ids: torch.Tensor  # [N, P+T] positions counted over real tokens only (left padding safe)
+    responses: torch.Tensor  # [N, T]
+    response_mask: torch.Tensor  # [N, T] float: 1 = policy token (trained), 0 = tool/env token or padding
+    old_log_probs: torch.Tensor  # [N, T] behaviour-policy logprobs from the generation pass
+    token_level_rewards: torch.Tensor  # [N, T] reward on the last token of each turn / the last policy token
+    index: np.ndarray  # [N] group ids (object): trajectories of one prompt share an id
+    prompt_len: int  # P
+
+    def __len__(self) -> int:
+        return int(self.responses.shape[0])
+
+    def select(self, rows: list[int] | torch.Tensor) -> "GRPOBatch":
+        """A sub-batch (micro-batch) keeping the same P and T."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        return GRPOBatch(
+            input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
+            position_ids=self.position_ids[idx], responses=self.responses[idx],
+            response_mask=self.response_mask[idx], old_log_probs=self.old_log_probs[idx],
+            token_level_rewards=self.token_level_rewards[idx], index=self.index[idx.numpy()],
+            prompt_len=self.prompt_len,
+        )
+
+    def compact(self) -> "GRPOBatch":
+        """Drop padding columns no row of this (sub-)batch uses: a micro-batch of short trajectories then costs
+        what its own lengths cost, not the longest trajectory of the step. Response columns are cut only on the
+        right, so column k still is response token k (slice per-token tensors such as advantages to
+        `responses.shape[1]`)."""
+        p = self.prompt_len
+        real_p = int(self.attention_mask[:, :p].sum(-1).max())
+        real_t = max(1, int(self.attention_mask[:, p:].sum(-1).max()))
+        cols = slice(p - real_p, p + real_t)
+        return GRPOBatch(
+            input_ids=self.input_ids[:, cols], attention_mask=self.attention_mask[:, cols],
+            position_ids=self.position_ids[:, cols], responses=self.responses[:, :real_t],
+            response_mask=self.response_mask[:, :real_t], old_log_probs=self.old_log_probs[:, :real_t],
+            token_level_rewards=self.token_level_rewards[:, :real_t], index=self.index, prompt_len=real_p,
+        )
+
+    def to(self, device: torch.device | str) -> "GRPOBatch":
+        return GRPOBatch(
+            input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device), responses=self.responses.to(device),
+            response_mask=self.response_mask.to(device), old_log_probs=self.old_log_probs.to(device),
+            token_level_rewards=self.token_level_rewards.to(device), index=self.index, prompt_len=self.prompt_len,
+        )
+
+
+def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
+    """Pad trajectories into a GRPOBatch. Rewards must already be scored (`RewardSet.score`)."""
+    from rlfactory.scoring.rewardset import token_level_rewards
+
+    n = len(trajectories)
+    if n == 0:
+        raise ValueError("build_batch: no trajectories")
+    p = max(len(t.prompt_ids) for t in trajectories)
+    t_len = max(1, max(len(t.response_ids) for t in trajectories))
+    input_ids = torch.full((n, p + t_len), pad_id, dtype=torch.long)  # [N, P+T]
+    attn = torch.zeros((n, p + t_len), dtype=torch.long)  # [N, P+T]
+    mask = torch.zeros((n, t_len), dtype=torch.float32)  # [N, T]
+    old = torch.zeros((n, t_len), dtype=torch.float32)  # [N, T]
+    rewards = torch.zeros((n, t_len), dtype=torch.float32)  # [N, T]
+    index = np.empty(n, dtype=object)
+    for i, traj in enumerate(trajectories):
+        pl, rl = len(traj.prompt_ids), len(traj.response_ids)
+        input_ids[i, p - pl:p] = torch.tensor(traj.prompt_ids, dtype=torch.long)
+        attn[i, p - pl:p] = 1
+        if rl:
+            input_ids[i, p:p + rl] = torch.tensor(traj.response_ids, dtype=torch.long)
+            attn[i, p:p + rl] = 1
+            mask[i, :rl] = torch.tensor(traj.loss_mask[:rl], dtype=torch.float32)
+            lp = traj.logprobs[:rl] + [0.0] * (rl - len(traj.logprobs))
+            old[i, :rl] = torch.tensor(lp, dtype=torch.float32)
+            rewards[i, :rl] = torch.tensor(token_level_rewards(traj), dtype=torch.float32)
+        index[i] = traj.group_id if traj.group_id is not None else f"{traj.task_id}"
+    old = old * mask  # logprobs of tool tokens are meaningless: keep them out of ratios and KL
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]
+    return GRPOBatch(input_ids, attn, position_ids, input_ids[:, p:].clone(), mask, old, rewards, index, p)
+
+
+def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> torch.Tensor:
+    """Group-relative advantages, verl's `compute_grpo_outcome_advantage`: (R - mean_g) / (std_g + eps) per group,
+    broadcast over the response and zeroed off the loss mask. Returns [N, T]."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    adv, _returns = compute_grpo_outcome_advantage(
+        token_level_rewards=batch.token_level_rewards,  # [N, T]
+        response_mask=batch.response_mask,  # [N, T]
+        index=batch.index,  # [N]
+        norm_adv_by_std_in_grpo=norm_adv_by_std,
+    )
+    return adv  # [N, T]
+
+
+def response_logprobs(
+    model: Any, batch: GRPOBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs of the response tokens under `model` (and per-token entropy), temperature-scaled like the sampler
+    (rlfactory/rollout/hf_sampling.py). Returns ([N, T], [N, T] or None). The entropy carries gradient only with
+    `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory."""
+    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+    p, t_len = batch.prompt_len, batch.responses.shape[1]
+    # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over the
+    # prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=t_len + 1)
+    logits = out.logits[:, -(t_len + 1):-1, :].float()  # [N, T, V]
+    if temperature > 0:
+        logits = logits / temperature
+    logp = logprobs_from_logits(logits, batch.responses)  # [N, T]
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # [N, T]
+    return logp, entropy
+
+
+def actor_config(algorithm: Any, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:
+    """verl's ActorConfig carrying our algorithm settings (the policy-loss functions read their knobs from it)."""
+    from verl.workers.config import ActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
+
+    return ActorConfig(
+        strategy="fsdp", rollout_n=samples_per_prompt, ppo_mini_batch_size=mini_batch_prompts,
+        ppo_micro_batch_size_per_gpu=algorithm.micro_batch_size, clip_ratio=algorithm.clip_ratio_low,
+        clip_ratio_low=algorithm.clip_ratio_low, clip_ratio_high=algorithm.clip_ratio_high,
+        clip_ratio_c=algorithm.clip_ratio_c, loss_agg_mode=algorithm.loss_agg_mode,
+        entropy_coeff=algorithm.entropy_coef, use_kl_loss=algorithm.kl.use_reference and algorithm.kl.coef > 0,
+        kl_loss_coef=algorithm.kl.coef, kl_loss_type=algorithm.kl.type, use_torch_compile=False,
+        policy_loss=PolicyLossConfig(loss_mode=algorithm.policy_loss),
+    )
+
+
+def set_global_batch(cfg: Any, mini_batch: GRPOBatch) -> None:
+    """Normalise micro-batch losses by the whole mini-batch (tokens and sequences), as verl's actor does, so that
+    summing micro-batch gradients equals the gradient of the mini-batch loss."""
+    cfg.global_batch_info["dp_size"] = 1
+    cfg.global_batch_info["batch_num_tokens"] = float(mini_batch.response_mask.sum().clamp(min=1.0))
+    cfg.global_batch_info["global_batch_size"] = float((mini_batch.response_mask.sum(-1) > 0).sum().clamp(min=1))
+    cfg.global_batch_info["loss_scale_factor"] = cfg.loss_scale_factor
+
+
+def policy_loss(
+    cfg: Any,
+    *,
+    log_prob: torch.Tensor,  # [n, T] current policy, with grad
+    old_log_prob: torch.Tensor,  # [n, T]
+    advantages: torch.Tensor,  # [n, T]
+    response_mask: torch.Tensor,  # [n, T]
+    entropy: torch.Tensor | None = None,  # [n, T]
+    ref_log_prob: torch.Tensor | None = None,  # [n, T]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss to backpropagate for one micro-batch: verl's policy loss - entropy_coef * entropy + kl_coef * KL.
+    Mirrors `verl.workers.utils.losses.ppo_loss`. Returns (scalar loss, metrics)."""
+    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+
+    mask = response_mask.to(torch.bool)
+    loss_fn = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
+    pg_loss, pg_metrics = loss_fn(
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask,
+        loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+    )
+    metrics = {"loss/pg": float(pg_loss.detach())}
+    metrics.update({f"loss/{k.split('/')[-1]}": float(v) for k, v in pg_metrics.items()})
+    loss = pg_loss
+    if entropy is not None:
+        ent = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **cfg.global_batch_info)
+        metrics["loss/entropy"] = float(ent.detach())
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * ent
+    if cfg.use_kl_loss and ref_log_prob is not None:
+        kld = kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=cfg.kl_loss_type)  # [n, T]
+        kl = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg.loss_agg_mode, **cfg.global_batch_info)
+        metrics["loss/kl"] = float(kl.detach())
+        loss = loss + cfg.kl_loss_coef * kl
+    metrics["loss/total"] = float(loss.detach())
+    return loss, metrics

@@ -1,0 +1,121 @@
+"""CLI: `rlfactory sft RECIPE` (supervised warm-up) and `rlfactory demos RECIPE` (demonstrations through real tools)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from rlfactory.cli.common import console, fail, run_async
+
+
+def _load(recipe: Path, overrides: list[str] | None, require_sft: bool) -> tuple[Any, Any]:
+    from rlfactory.cli.common import recipe_file
+    from rlfactory.errors import ConfigError
+    from rlfactory.warmup.run import load_sft_recipe
+
+    try:
+        return load_sft_recipe(recipe_file(recipe), overrides or [], require_sft=require_sft)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def sft_cmd(
+    recipe: Path = typer.Argument(..., help="A recipe with an `sft:` section, e.g. recipes/quickstart_sft.yaml."),
+    overrides: Optional[list[str]] = typer.Option(None, "--set", help="Override a field: dotted.key=value (repeat)."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Model folder to write (sft.output_dir)."),
+    check_only: bool = typer.Option(False, "--check-only",
+                                    help="Only run the usable-start check on the model folder already written."),
+) -> None:
+    """Supervised warm-up on demonstrations made through the recipe's real tools; writes an HF model folder."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from rlfactory.warmup.run import check_saved, run_sft
+
+    extra = list(overrides or []) + ([f"sft.output_dir={output_dir.resolve()}"] if output_dir else [])
+    r, sft = _load(recipe, extra, require_sft=True)
+    progress = Progress(TextColumn("[bold]sft[/bold] step {task.completed}/{task.total}"), BarColumn(),
+                        TextColumn("loss {task.fields[loss]:.3f}  phase {task.fields[phase]}"), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=console, transient=False)
+    bar: dict[str, Any] = {}
+
+    def on_event(kind: str, info: dict[str, Any]) -> None:
+        if kind == "demos":
+            console.print(f"demos [bold]{info['name']}[/bold]: {info['tool']} through the tool, {info['direct']} "
+                          f"direct, {info['tool_errors'] + info['wrong_results']} dropped ({info['seconds']:.1f} s)")
+        elif kind == "model":
+            console.print(f"model: {info['parameters'] / 1e6:.2f} M parameters, vocab {info['vocab']}, prompt "
+                          f"{info['prompt_tokens']:.0f} tokens, transcripts {info['transcript_tokens_mean']:.0f} "
+                          f"tokens on average")
+            progress.start()
+            bar["id"] = progress.add_task("sft", total=info["steps"], loss=float("nan"), phase=0)
+        elif kind == "step":
+            progress.update(bar["id"], completed=info["step"], loss=info["loss"], phase=info["phase"])
+            if not console.is_terminal and info["step"] % 100 == 0:  # a log file gets a line now and then
+                console.print(f"step {info['step']}: loss {info['loss']:.3f} (phase {info['phase']})")
+        elif kind == "saved":
+            progress.stop()
+            console.print(f"saved [bold]{info['path']}[/bold]")
+        elif kind == "check":
+            verdict = "[green]usable start for GRPO[/green]" if info["usable"] else \
+                f"[red]NOT a usable start[/red] ({'; '.join(info['problems'])}): train longer or change sft.seed"
+            console.print(f"check on {info['trajectories']} validation tasks through the real tools: call rate "
+                          f"{info['call_rate']:.2f}, call accuracy {info['call_accuracy']:.2f}, copy accuracy "
+                          f"{info['copy_accuracy']:.2f}, reward {info['reward']:.2f} -> {verdict}", highlight=False)
+
+    if check_only:
+        summary = run_async(check_saved(r, sft, on_event))
+        if summary["check"] and not summary["check"]["usable"]:
+            raise typer.Exit(2)
+        return
+    try:
+        summary = run_async(run_sft(r, sft, on_event))
+    finally:
+        progress.stop()
+    console.print(f"done in {summary['total_s']:.0f} s ({summary['steps']} steps, {summary['train_s']:.0f} s "
+                  f"training); loss {summary['loss_first']:.2f} -> {summary['loss_last']:.3f}")
+    if summary["check"] and not summary["check"]["usable"]:
+        raise typer.Exit(2)
+
+
+def demos_cmd(
+    recipe: Path = typer.Argument(..., help="A recipe whose tools (tools.mcp_configs) and tasks (data) to use."),
+    out: Path = typer.Option(..., "--out", help="JSONL file to write, one transcript per line."),
+    n: int = typer.Option(100, "--n", min=1, help="Demonstrations to write (the first N training tasks)."),
+    direct_fraction: float = typer.Option(0.0, "--direct-fraction", min=0.0, max=1.0,
+                                          help="Share answered directly instead of through the tool."),
+    seed: int = typer.Option(0, "--seed", help="Seed for which tasks answer directly."),
+    overrides: Optional[list[str]] = typer.Option(None, "--set", help="Override a field: dotted.key=value (repeat)."),
+) -> None:
+    """Write demonstrations made by a scripted policy through the recipe's REAL tools (calculator tasks)."""
+    from rlfactory.data.tasks import load_tasks
+    from rlfactory.errors import ConfigError
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.warmup.demos import generate_demos, write_jsonl
+
+    r, _ = _load(recipe, overrides, require_sft=False)
+    if not r.tools.mcp_configs:
+        fail(f"{recipe}: tools.mcp_configs is empty; demonstrations need the tools they call")
+    try:
+        tasks = load_tasks(r.data.train_file, r.data, limit=n)
+    except ConfigError as e:
+        fail(str(e))
+
+    async def go() -> dict[str, int]:
+        async with ToolManager.from_files(r.tools.mcp_configs) as manager:
+            demos, stats = await generate_demos(tasks, manager, direct_fraction=direct_fraction, seed=seed,
+                                                system_prompt=r.rollout.system_prompt)
+        write_jsonl(demos, out)
+        return stats
+
+    try:
+        stats = run_async(go())
+    except ValueError as e:  # a task the scripted policy cannot solve
+        fail(f"{r.data.train_file}: {e}")
+    console.print(f"wrote {stats['tool'] + stats['direct']} demonstrations to {out} ({stats['tool']} through the "
+                  f"tool, {stats['direct']} direct; {stats['tool_errors'] + stats['wrong_results']} dropped)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sft")(sft_cmd)
+    app.command("demos")(demos_cmd)

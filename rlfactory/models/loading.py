@@ -1,0 +1,118 @@
+"""Loading the policy and its tokenizer, once for every part of rlfactory (training, evaluation, rollouts, SFT,
+serving, reports, verl's agent-loop workers): a Hugging Face model folder, or `model.path: tiny-random`; the
+recipe's tokenizer rules (`tokenizer.path`, `qwen3-offline`, the model folder's own) with a chat template always
+attached; an optional LoRA adapter (peft).
+
+Left out: quantisation and sharding (the verl engine owns those at scale); downloads (rlfactory never downloads).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_model(path: str | Path, dtype: Any = "float32", device: Any = None) -> Any:
+    """Load a causal LM from an HF model directory (or a hub id when online), in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    torch_dtype = resolve_dtype(dtype)
+    target = resolve_device(device)
+    local = Path(path)
+    if local.exists() and not (local / "config.json").exists():
+        raise RLFactoryError(f"{local} has no config.json: point `model` at an HF model directory")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    except OSError as e:
+        raise RLFactoryError(
+            f"could not load model {path!r}: {e}. Use a local HF model directory, or download it first "
+            "(huggingface-cli download NAME) when running offline."
+        ) from e
+    logger.info("loaded %s (%s) on %s", path, torch_dtype, target)
+    return model.to(target).eval()
+
+
+def is_tiny_random(recipe: Any) -> bool:
+    """Whether the recipe's model is the built-in random tiny Qwen3 (`model.path: tiny-random`)."""
+    from rlfactory.recipe.training import TINY_RANDOM_MODEL
+
+    return recipe.model.path == TINY_RANDOM_MODEL
+
+
+def load_tokenizer(recipe: Any, model_path: str | Path | None = None) -> Any:
+    """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template.
+    A `tiny-random` model uses the offline Qwen3 tokenizer (also for its checkpoints, which hold no tokenizer)."""
+    from rlfactory.models.tokenizer import attach_chat_template, load_qwen_tokenizer
+
+    path = recipe.tokenizer.path or ("qwen3-offline" if is_tiny_random(recipe)
+                                     else str(model_path or recipe.model.path))
+    if path == "qwen3-offline":
+        tok = load_qwen_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise RLFactoryError(f"tokenizer: cannot load {path!r}: {e}. Point tokenizer.path (or model.path) at a "
+                                 f"folder with tokenizer files, or use tokenizer.path: qwen3-offline") from None
+    if recipe.tokenizer.chat_template:
+        tok.chat_template = Path(recipe.tokenizer.chat_template).read_text()
+    elif not getattr(tok, "chat_template", None):
+        tok = attach_chat_template(tok)
+    return tok
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    for cand in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if isinstance(cand, int):
+            return cand
+    return 0
+
+
+def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) -> Any:
+    """The policy: the HF model in the recipe's dtype on `device`, wrapped in a LoRA adapter when enabled."""
+    import torch
+
+    from rlfactory.models.loading import load_model
+
+    dtype = recipe.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    path = str(model_path or recipe.model.path)
+    if model_path is None and is_tiny_random(recipe):
+        model = build_tiny_random(recipe, dtype, device)
+    elif not Path(path).exists():
+        raise ConfigError(f"model.path: folder not found: {path} (rlfactory does not download models; pass "
+                          f"--set model.path=DIR, or model.path=tiny-random for a CPU smoke run)", file=recipe.source)
+    else:
+        model = load_model(path, dtype=dtype, device=device)
+    if recipe.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = True  # generation (eval mode) still uses the KV cache
+    lora = recipe.model.lora
+    if lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        names = {n.split(".")[-1] for n, _ in model.named_modules()}
+        missing = [m for m in lora.target_modules if m not in names]
+        if missing:
+            raise ConfigError(f"model.lora.target_modules: {missing} are not modules of {path}", file=recipe.source)
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    model.eval()
+    return model
+
+
+def build_tiny_random(recipe: Any, dtype: Any, device: Any) -> Any:
+    """`model.path: tiny-random`: a random tiny Qwen3 with Qwen3's vocabulary (so the offline Qwen3 tokenizer's ids
+    fit) and TINY_RANDOM_POSITIONS positions, seeded by `trainer.seed` (a resumed run then loads its checkpoint)."""
+    from rlfactory.models.devices import resolve_dtype
+    from rlfactory.models.tiny import build_tiny_qwen3
+    from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE
+    from rlfactory.recipe.training import TINY_RANDOM_POSITIONS
+
+    model = build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=recipe.trainer.seed,
+                             max_position_embeddings=TINY_RANDOM_POSITIONS)
+    logger.info("model.path is tiny-random: random tiny Qwen3 (%.1fM parameters, %d positions)",
+                sum(p.numel() for p in model.parameters()) / 1e6, TINY_RANDOM_POSITIONS)
+    return model.to(device=device, dtype=resolve_dtype(dtype)).eval()

@@ -1,0 +1,266 @@
+"""Recipe validation: every problem of a recipe at once, each message naming the file and the dotted field.
+
+Covers pydantic field errors (with `did you mean` for typos), cross-field arithmetic (`config.cross_field_problems`),
+files (model folder, data files and their fields, mcpServers configs, chat template) and reward-spec resolution.
+A missing model folder is a WARNING for `validate` (GPU recipes name a folder the user provides, see their headers)
+and an ERROR for `train` (`for_training=True`). Starts no tool server and loads no model weights.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfactory.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class RecipeCheck:
+    """The outcome of checking a recipe: the Recipe (when its fields are valid), errors and warnings."""
+
+    recipe: Any | None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_recipe(path: str | Path, overrides: list[str] | None = None, *, for_training: bool = False) -> RecipeCheck:
+    """Load and check a recipe file; never raises for user errors (they land in `errors`).
+
+    When some fields are invalid, they are dropped and the rest is checked too, so one run reports every problem."""
+    from pydantic import ValidationError
+
+    from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
+    from rlfactory.recipe.schema import Recipe
+
+    shown = str(path)
+    try:
+        raw = apply_overrides(load_yaml_mapping(Path(path)), overrides or [], source=shown)
+    except ConfigError as e:
+        return RecipeCheck(None, [f"{shown}: {p}" if not p.startswith(shown) else p for p in e.problems])
+    base = Path(path).resolve().parent
+    field_errors: list[str] = []
+    for _ in range(3):  # each pass drops the invalid fields; defaults stand in for them
+        try:
+            Recipe.model_validate(raw)
+            break
+        except ValidationError as e:
+            errs = e.errors(include_url=False)
+            field_errors += [describe_error(err, Recipe) for err in errs]
+            if not _drop_locations(raw, [err.get("loc", ()) for err in errs]):
+                return RecipeCheck(None, [f"{shown}: {m}" for m in _unique(field_errors)])
+    try:
+        recipe = Recipe.from_dict(raw, base_dir=base, source=shown, check_arithmetic=False)
+    except ConfigError as e:
+        return RecipeCheck(None, [f"{shown}: {m}" for m in _unique(field_errors + e.problems)])
+    field_errors += cross_field_problems(recipe)
+    check = check_loaded_recipe(recipe, for_training=for_training, shown=shown)
+    check.errors = [f"{shown}: {m}" for m in _unique(field_errors)] + check.errors
+    if field_errors:
+        check.recipe = None
+    return check
+
+
+def _drop_locations(raw: dict[str, Any], locs: list[tuple]) -> bool:
+    """Delete each erroneous location from `raw`; for a missing key, delete its nearest existing parent (so the
+    section's defaults stand in). False if nothing could be dropped (e.g. a required top-level section is missing)."""
+    changed = False
+    for loc in locs:
+        node: Any = raw
+        deepest: tuple[Any, Any] | None = None  # (container, key) of the deepest location present in the data
+        for part in loc:
+            if isinstance(node, dict) and part in node:
+                deepest = (node, part)
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                deepest = (node, part)
+                node = node[part]
+            # anything else is a union tag (`horizon.fixed`) or a missing key: skip it
+        if deepest is None:
+            continue
+        container, key = deepest
+        if isinstance(container, dict):
+            del container[key]
+        else:
+            container.pop(key)
+        changed = True
+    return changed
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def check_loaded_recipe(recipe: Any, *, for_training: bool = False, shown: str | None = None) -> RecipeCheck:
+    """File, model and reward checks on a Recipe that already passed its field checks."""
+    shown = shown or recipe.source or "recipe"
+    errors: list[str] = []
+    warnings: list[str] = []
+    _check_model(recipe, for_training, errors, warnings)
+    _check_data(recipe, errors, warnings)
+    _check_tools(recipe, errors)
+    _check_rewards(recipe, errors, required=for_training or recipe.sft is None)
+    if recipe.model.lora.enabled:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            errors.append("model.lora.enabled: the `peft` package is not installed (pip install peft)")
+    return RecipeCheck(recipe, [f"{shown}: {m}" for m in errors], [f"{shown}: {m}" for m in warnings])
+
+
+def validate_recipe(path: str | Path, overrides: list[str] | None = None) -> list[str]:
+    """Every error of a recipe file as `file: dotted.field: message`; empty when it is valid (warnings excluded)."""
+    return check_recipe(path, overrides).errors
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+def _check_model(r: Any, for_training: bool, errors: list[str], warnings: list[str]) -> None:
+    from rlfactory.recipe.training import TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+
+    model_dir = Path(r.model.path)
+    if r.model.path == TINY_RANDOM_MODEL:
+        if r.engine == "verl":
+            errors.append("model.path: tiny-random is a local-engine option (verl's workers load a model folder); "
+                          "point model.path at a Hugging Face model folder, or use engine: local")
+        if r.rollout.max_context_tokens > TINY_RANDOM_POSITIONS:
+            errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
+                          f"tiny-random model's {TINY_RANDOM_POSITIONS} positions")
+    elif not model_dir.is_dir():
+        msg = (f"model.path: folder not found: {r.model.path} (rlfactory does not download models; put a Hugging Face "
+               f"model folder there or pass --set model.path=DIR)")
+        (errors if for_training else warnings).append(msg)
+    else:
+        cfg_file = model_dir / "config.json"
+        if not cfg_file.is_file():
+            errors.append(f"model.path: {r.model.path} has no config.json (is it a Hugging Face model folder?)")
+        else:
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except json.JSONDecodeError as e:
+                errors.append(f"model.path: {cfg_file} is not valid JSON ({e.msg})")
+                cfg = {}
+            limit = cfg.get("max_position_embeddings")
+            if isinstance(limit, int) and r.rollout.max_context_tokens > limit:
+                errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
+                              f"model's max_position_embeddings ({limit}) in {cfg_file}")
+    tok = r.tokenizer.path
+    from rlfactory.recipe.training import BUILTIN_TOKENIZERS
+
+    if tok and tok not in BUILTIN_TOKENIZERS and not Path(tok).exists():
+        msg = f"tokenizer.path: not found: {tok} (a tokenizer folder, or one of {', '.join(BUILTIN_TOKENIZERS)})"
+        (errors if for_training or model_dir.is_dir() else warnings).append(msg)
+    if r.tokenizer.chat_template and not Path(r.tokenizer.chat_template).is_file():
+        errors.append(f"tokenizer.chat_template: file not found: {r.tokenizer.chat_template}")
+
+
+def _first_row(path: Path) -> dict[str, Any] | None:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path).read_row_group(0) if pq.ParquetFile(path).num_row_groups else None
+        rows = table.slice(0, 1).to_pylist() if table is not None else []
+        return rows[0] if rows else None
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        return data[0] if isinstance(data, list) and data else None
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                return json.loads(line)
+    return None
+
+
+def _check_data_file(key: str, file: str, d: Any, errors: list[str], warnings: list[str]) -> None:
+    path = Path(file)
+    if not path.is_file():
+        errors.append(f"{key}: file not found: {file}")
+        return
+    if path.suffix not in DATA_SUFFIXES:
+        errors.append(f"{key}: {file} must be JSONL, JSON (a list of rows) or parquet ({', '.join(DATA_SUFFIXES)})")
+        return
+    try:
+        row = _first_row(path)
+    except Exception as e:  # any parse failure is the user's file, reported as such
+        errors.append(f"{key}: cannot read the first row of {file}: {e}")
+        return
+    if row is None:
+        errors.append(f"{key}: {file} has no rows")
+        return
+    if not isinstance(row, dict):
+        errors.append(f"{key}: rows of {file} must be objects (got {type(row).__name__})")
+        return
+    if d.prompt_field not in row:
+        close = difflib.get_close_matches(d.prompt_field, list(row), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (row fields: {', '.join(sorted(row))})"
+        errors.append(f"data.prompt_field: {d.prompt_field!r} is not a field of the rows of {file}{hint}")
+    if d.answer_field not in row:
+        warnings.append(f"data.answer_field: {d.answer_field!r} is not a field of the rows of {file}; rewards get "
+                        f"answer=None")
+    for name in d.metadata_fields or []:
+        if name not in row:
+            errors.append(f"data.metadata_fields: {name!r} is not a field of the rows of {file}")
+
+
+def _check_data(r: Any, errors: list[str], warnings: list[str]) -> None:
+    _check_data_file("data.train_file", r.data.train_file, r.data, errors, warnings)
+    if r.data.val_file:
+        _check_data_file("data.val_file", r.data.val_file, r.data, errors, warnings)
+    elif r.trainer.eval_every_steps:
+        errors.append(f"trainer.eval_every_steps is {r.trainer.eval_every_steps} but data.val_file is empty: "
+                      f"add a validation file or set eval_every_steps: 0")
+
+
+def _check_tools(r: Any, errors: list[str]) -> None:
+    if not r.tools.mcp_configs:
+        return
+    try:
+        from rlfactory.tools.mcp_configs import load_mcp_configs
+    except ImportError:  # the tool layer is always shipped; this only guards partial installs
+        for p in r.tools.mcp_configs:
+            if not Path(p).is_file():
+                errors.append(f"tools.mcp_configs: file not found: {p}")
+        return
+    for p in r.tools.mcp_configs:
+        if not Path(p).is_file():
+            errors.append(f"tools.mcp_configs: file not found: {p}")
+    try:
+        load_mcp_configs([p for p in r.tools.mcp_configs if Path(p).is_file()])
+    except ConfigError as e:
+        where = f"{e.file}: " if e.file else ""
+        errors.extend(f"tools.mcp_configs: {where}{m}" for m in e.problems)
+    if r.tools.cache.backend == "redis" and not r.tools.cache.url:
+        errors.append("tools.cache.url: required when tools.cache.backend is redis (e.g. redis://127.0.0.1:6379/0)")
+
+
+def _check_rewards(r: Any, errors: list[str], *, required: bool) -> None:
+    """`required`: GRPO needs a reward; a recipe with only an `sft:` warm-up does not."""
+    if not r.rewards.functions:
+        if not required:
+            return
+        errors.append("rewards.functions: empty; add at least one reward function, e.g. "
+                      "`- {function: exact_match, weight: 1.0}`")
+        return
+    try:
+        from rlfactory.scoring.rewardset import RewardSet
+    except ImportError:
+        return
+    if not hasattr(RewardSet, "from_config"):
+        return
+    try:
+        RewardSet.from_config(r.rewards, r.base_dir)
+    except ConfigError as e:
+        errors.extend(f"rewards.{m}" if not m.startswith("rewards") else m for m in e.problems)
+    except Exception as e:  # a reward module that fails to import is the user's code: report, don't crash
+        errors.append(f"rewards.functions: loading failed: {type(e).__name__}: {e}")
+
+

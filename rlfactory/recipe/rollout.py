@@ -1,0 +1,74 @@
+"""The `rollout:` section of a recipe: engine, sampling, limits, horizon schedule.
+
+Owned by the rollout package; `rlfactory/config.py` assembles it into the Recipe.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from rlfactory.recipe.section import Section
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature for training rollouts (0 = greedy)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables it."""
+    max_new_tokens_per_turn: int = Field(512, ge=1)
+    """Most tokens the policy may generate in one assistant turn."""
+
+
+class FixedHorizon(Section):
+    type: Literal["fixed"] = "fixed"
+    """A constant horizon."""
+    turns: int = Field(4, ge=1)
+    """Maximum assistant turns per trajectory."""
+
+
+class ScalingInterHorizon(Section):
+    type: Literal["scaling_inter"] = "scaling_inter"
+    """AgentGym-RL's ScalingInter-RL: the horizon grows in stages as training goes on."""
+    horizons: list[int] = Field(min_length=1)
+    """Horizon (max assistant turns) of each stage, e.g. [10, 20, 30]."""
+    interval_steps: int = Field(ge=1)
+    """Training steps per stage: the stage advances every `interval_steps` steps, then stays on the last."""
+
+    @model_validator(mode="after")
+    def _positive(self) -> "ScalingInterHorizon":
+        if any(h < 1 for h in self.horizons):
+            raise ValueError("every entry of horizons must be >= 1")
+        return self
+
+
+HorizonConfig = Annotated[Union[FixedHorizon, ScalingInterHorizon], Field(discriminator="type")]
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: `hf` (transformers, CPU or one GPU) or `vllm` (needs the gpu or cpu-vllm extra)."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """Trajectories sampled per prompt (the GRPO group size)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling settings for training rollouts."""
+    horizon: HorizonConfig = Field(default_factory=FixedHorizon)
+    """Maximum assistant turns per trajectory: `fixed` or `scaling_inter`."""
+    max_tool_calls_per_turn: int = Field(4, ge=1)
+    """Tool calls beyond this in one turn are not run; the model is told so."""
+    max_response_tokens: int = Field(2048, ge=1)
+    """Total token budget of the response (policy + tool tokens) per trajectory."""
+    max_context_tokens: int = Field(4096, ge=16)
+    """Prompt + response never exceed this (set it to the model's maximum or below)."""
+    tool_response_max_tokens: int = Field(512, ge=1)
+    """Each tool response is truncated to this many tokens."""
+    tool_response_truncation: Literal["left", "right", "middle"] = "right"
+    """Which part of an over-long tool response is cut: `right` keeps the start, `left` keeps the end, `middle` both."""
+    enable_thinking: bool = False
+    """Qwen3's thinking switch in the chat template."""
+    system_prompt: str | None = None
+    """Optional system prompt placed before the tool descriptions."""
+    max_concurrent_trajectories: int = Field(256, ge=1)
+    """Upper bound on trajectories in flight at once."""

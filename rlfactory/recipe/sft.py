@@ -1,0 +1,130 @@
+"""The `sft:` section of a recipe: a supervised warm-up run by `rlfactory sft RECIPE` (code in rlfactory/warmup/)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlfactory.recipe.section import Section
+
+
+class ScratchModelConfig(Section):
+    """Shape of a Qwen3 model trained from scratch (the vocabulary size comes from the tokenizer)."""
+
+    hidden_size: int = Field(256, ge=8)
+    """Width of the residual stream."""
+    num_hidden_layers: int = Field(4, ge=1)
+    """Transformer blocks."""
+    num_attention_heads: int = Field(4, ge=1)
+    """Query heads."""
+    num_key_value_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention); must divide num_attention_heads."""
+    head_dim: int = Field(64, ge=8)
+    """Width of one attention head (Qwen3 sets it on its own: heads x head_dim need not equal hidden_size)."""
+    intermediate_size: int = Field(768, ge=8)
+    """Width of the MLP."""
+    max_position_embeddings: int = Field(1024, ge=16)
+    """Longest sequence (prompt + response) the model is built for."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ScratchModelConfig":
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
+                             f"({self.num_attention_heads})")
+        return self
+
+
+class TokenizerBuildConfig(Section):
+    """A byte-level BPE trained on the demonstrations (see rlfactory/warmup/tokenizer_builder.py)."""
+
+    vocab_size: int = Field(640, ge=300)
+    """Upper bound on the vocabulary (256 bytes + merges + special tokens)."""
+    min_frequency: int = Field(2, ge=1)
+    """A merge needs a pair seen this often."""
+
+
+class DemoSetConfig(Section):
+    """One set of demonstrations, generated through the recipe's real tools by a scripted policy."""
+
+    name: str
+    """Name phases refer to in `data`."""
+    n: int = Field(ge=1)
+    """Demonstrations to generate."""
+    direct_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of demonstrations that answer directly instead of calling the tool."""
+    seed: int = 0
+    """Seed for the generated tasks and for which ones answer directly."""
+    tasks_file: str | None = None
+    """JSONL tasks (prompt/answer/id) to demonstrate, relative to the recipe; empty = generated arithmetic tasks."""
+    digits: list[int] = Field(default_factory=lambda: [3, 4])
+    """Operand digit counts of generated arithmetic tasks."""
+
+
+class SFTPhase(Section):
+    """One phase of the warm-up: its data, length and learning rate."""
+
+    data: str
+    """A demo-set name from `sft.demos`, or a JSONL transcript file (relative to the recipe)."""
+    steps: int = Field(ge=1)
+    """Optimizer steps in this phase."""
+    lr: float = Field(gt=0.0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to `lr` over the first steps of the phase."""
+
+
+class SFTCheckConfig(Section):
+    """Rollouts through the real tools after training, to tell whether the warm-up is a usable start for GRPO."""
+
+    tasks: int = Field(64, ge=0)
+    """Validation tasks to roll out (0 = skip the check)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature (the GRPO recipe's, to see the start GRPO will see)."""
+    min_call_accuracy: float = Field(0.5, ge=0.0, le=1.0)
+    """Of the trajectories that call a tool, the share whose first call is exactly right must reach this."""
+    min_copy_accuracy: float = Field(0.5, ge=0.0, le=1.0)
+    """Of the trajectories whose call succeeded, the share that answers with the tool's result must reach this."""
+
+
+class SFTConfig(Section):
+    """The `sft:` section: a supervised warm-up that writes an HF model folder (e.g. the quickstart's checkpoint)."""
+
+    output_dir: str
+    """Model folder to write (config, bf16 safetensors, tokenizer, chat template), relative to the recipe."""
+    init: Literal["scratch", "model"] = "scratch"
+    """`scratch`: build a new tokenizer and Qwen3 model; `model`: continue from the recipe's `model.path`."""
+    scratch_model: ScratchModelConfig = Field(default_factory=ScratchModelConfig)
+    """Model shape when init is `scratch`."""
+    tokenizer: TokenizerBuildConfig = Field(default_factory=TokenizerBuildConfig)
+    """Tokenizer built when init is `scratch`."""
+    demos: list[DemoSetConfig] = Field(default_factory=list)
+    """Demonstration sets generated through the recipe's tools before training."""
+    phases: list[SFTPhase] = Field(min_length=1)
+    """Training phases, run in order."""
+    batch_size: int = Field(16, ge=1)
+    """Transcripts per optimizer step."""
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this (empty = no clipping)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    seed: int = 0
+    """Seed for initialisation, demonstrations' order and batches."""
+    torch_threads: int = Field(1, ge=1)
+    """torch CPU threads (1 measured fastest on a 2-core machine)."""
+    work_dir: str = "runs/sft"
+    """Where demonstrations and the run's log go (relative to the working directory)."""
+    check: SFTCheckConfig = Field(default_factory=SFTCheckConfig)
+    """The usable-start check run after training."""
+
+    @model_validator(mode="after")
+    def _phase_data_known(self) -> "SFTConfig":
+        names = {d.name for d in self.demos}
+        if len(names) != len(self.demos):
+            raise ValueError("sft.demos: demo-set names must be unique")
+        for i, p in enumerate(self.phases):
+            if p.data not in names and not p.data.endswith(".jsonl"):
+                raise ValueError(f"sft.phases.{i}.data: {p.data!r} is neither a demo-set name "
+                                 f"({', '.join(sorted(names)) or 'none defined'}) nor a .jsonl file")
+        return self

@@ -1,0 +1,192 @@
+"""Recipe sections owned by training: model, tokenizer, data, algorithm (GRPO), verl cluster settings, trainer.
+
+The sections other concerns read (`tools`, `rollout`, `rewards`, `sft`) have modules of their own beside this one;
+`schema.py` assembles them all into the Recipe.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlfactory.recipe.section import Section
+
+# Tokenizer names that are not paths (built in by rlfactory/models.py).
+BUILTIN_TOKENIZERS = ("qwen3-offline",)
+# `model.path` value that is not a path: a randomly initialised tiny Qwen3 (rlfactory/models.py `build_tiny_qwen3`)
+# with Qwen3's full vocabulary and the offline Qwen3 tokenizer. For CPU smoke runs of the whole path on the local
+# engine (it learns nothing useful); the verl engine rejects it (its workers load a model folder).
+TINY_RANDOM_MODEL = "tiny-random"
+# Positions of the tiny-random model: room for environment tool schemas (~770 tokens) plus a few turns.
+TINY_RANDOM_POSITIONS = 4096
+
+
+
+# ---------------------------------------------------------------------------------------------------------- model
+class LoRAConfig(Section):
+    enabled: bool = False
+    """Train a LoRA adapter (peft) instead of all weights: for models too big to fully fine-tune on CPU or one GPU."""
+    r: int = Field(16, ge=1)
+    """LoRA rank."""
+    alpha: int = Field(32, ge=1)
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA branch."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names to adapt (Qwen3's attention and MLP projections by default)."""
+
+
+class ModelConfig(Section):
+    path: str
+    """A local Hugging Face model folder (config.json + weights), relative to the recipe or absolute. rlfactory never
+    downloads models: fetch them yourself, then point here (or pass `--set model.path=/data/Qwen3-4B`).
+    `tiny-random`: a randomly initialised tiny Qwen3 (Qwen3's vocabulary, 4096 positions, seeded by `trainer.seed`)
+    with the offline Qwen3 tokenizer, for CPU smoke runs of the whole path on the local engine; not for verl."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype for training: `auto` = float32 on CPU, bfloat16 on GPU."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """Optional LoRA adapter training."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+
+
+class TokenizerConfig(Section):
+    path: str | None = None
+    """Tokenizer folder (relative to the recipe), `qwen3-offline` (Qwen3's chat template and special tokens without a
+    download), or empty to use the model folder's tokenizer."""
+    chat_template: str | None = None
+    """Optional Jinja chat-template file (relative to the recipe) replacing the tokenizer's own."""
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+class DataConfig(Section):
+    train_file: str
+    """Training tasks: a JSONL or parquet file (relative to the recipe), one task per row."""
+    val_file: str | None = None
+    """Validation tasks for `eval` and `trainer.eval_every_steps` (same format); empty = no evaluation."""
+    prompt_field: str = "prompt"
+    """Row field holding the user prompt: a string, or a list of chat messages."""
+    answer_field: str = "answer"
+    """Row field holding the reference answer passed to reward functions as `answer`."""
+    id_field: str | None = "id"
+    """Row field holding a task id (optional; the row number is used when absent)."""
+    metadata_fields: list[str] | None = None
+    """Row fields passed to rewards and tools as task metadata; empty = every field of the row."""
+    system_prompt_field: str | None = None
+    """Optional row field with a per-task system prompt (overrides `rollout.system_prompt`)."""
+    max_val_tasks: int | None = Field(None, ge=1)
+    """Use at most this many validation tasks (the first ones), to keep evaluation short."""
+
+
+# ------------------------------------------------------------------------------------------------------ algorithm
+class KLConfig(Section):
+    use_reference: bool = False
+    """Keep a frozen copy of the starting policy and add `coef * KL(policy || reference)` to the loss."""
+    type: Literal["low_var_kl", "k3", "kl", "k1", "abs", "mse", "k2", "k3+", "low_var_kl+"] = "low_var_kl"
+    """KL estimator, by verl's names (`low_var_kl` = k3, Schulman 2020, http://joschu.net/blog/kl-approx.html)."""
+    coef: float = Field(0.0, ge=0.0)
+    """Weight of the KL term (0 = off)."""
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw"] = "adamw"
+    """Optimizer (AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    eps: float = Field(1e-8, gt=0.0)
+    """AdamW epsilon."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many optimizer steps."""
+
+
+class AlgorithmConfig(Section):
+    name: Literal["grpo"] = "grpo"
+    """Policy-gradient algorithm: GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300)."""
+    policy_loss: str = "vanilla"
+    """verl policy-loss name (`vanilla` = PPO-clip; also `gspo`, `cispo`, `clip_cov`, ...)."""
+    clip_ratio_low: float = Field(0.2, ge=0.0)
+    """PPO clip: the ratio is clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = Field(0.2, ge=0.0)
+    """PPO clip: the ratio is clipped above at 1 + clip_ratio_high (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_c: float = Field(3.0, gt=1.0)
+    """Dual-clip bound for negative advantages (https://arxiv.org/abs/1912.09729)."""
+    kl: KLConfig = Field(default_factory=KLConfig)
+    """Optional KL penalty to a frozen reference policy."""
+    loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    """How the per-token loss becomes a scalar (verl's `agg_loss` names)."""
+    norm_adv_by_std: bool = True
+    """Divide group advantages by the group's std (GRPO); false = Dr. GRPO (https://arxiv.org/abs/2503.20783)."""
+    learning_rate: float = Field(1e-6, gt=0.0)
+    """Peak learning rate."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer settings."""
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this (empty = no clipping)."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Trajectories per forward/backward pass; gradients accumulate over a mini-batch."""
+    mini_batches_per_step: int = Field(1, ge=1)
+    """Optimizer updates per epoch over a step's trajectories (groups are split evenly)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over a step's trajectories."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (0 = off; computed as a metric either way)."""
+
+
+# --------------------------------------------------------------------------------------------------- engine, verl
+class VerlConfig(Section):
+    nnodes: int = Field(1, ge=1)
+    """Nodes in the Ray cluster."""
+    gpus_per_node: int = Field(8, ge=1)
+    """GPUs per node."""
+    ray_address: str | None = None
+    """Address of an existing Ray cluster (`auto` or host:port); empty = start a local one."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Tensor-parallel size of each vLLM rollout replica."""
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take for weights and KV cache."""
+    rollout_name: Literal["vllm", "sglang"] = "vllm"
+    """verl rollout backend."""
+    extra_overrides: list[str] = Field(default_factory=list)
+    """Extra Hydra overrides passed to verl unchanged, e.g. `actor_rollout_ref.actor.fsdp_config.param_offload=true`."""
+
+
+# -------------------------------------------------------------------------------------------------------- trainer
+class LogConfig(Section):
+    tensorboard: bool = True
+    """Write TensorBoard events under `<output_dir>/tensorboard`."""
+    transcripts_per_step: int = Field(4, ge=0)
+    """Sampled trajectories saved per step for the HTML viewer (0 = none)."""
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(100, ge=1)
+    """Training steps (each: rollouts for `prompts_per_step` prompts, then the policy update)."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts sampled per step; each is rolled out `rollout.samples_per_prompt` times."""
+    eval_every_steps: int = Field(0, ge=0)
+    """Evaluate on `data.val_file` every N steps and at the end (0 = never during training)."""
+    eval_samples_per_prompt: int = Field(1, ge=1)
+    """k of pass@k in evaluation."""
+    eval_temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature in evaluation (0 = greedy; pass@k with k > 1 needs > 0)."""
+    eval_success_threshold: float = 1.0
+    """A sample counts as solved for pass@k when its reward is at least this."""
+    save_every_steps: int = Field(0, ge=0)
+    """Checkpoint every N steps and at the end (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Keep the newest N checkpoints; older ones are deleted."""
+    output_dir: str = "runs/rlfactory"
+    """Run folder (relative to the working directory): metrics, checkpoints, transcripts, plots."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation; the same seed gives the same metrics (also across resume)."""
+    log: LogConfig = Field(default_factory=LogConfig)
+    """What to log besides metrics.jsonl."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the local engine runs: `auto` = the GPU when present."""
+    torch_threads: int = Field(1, ge=1)
+    """torch CPU threads (1 measured fastest on a 2-core machine running tool servers beside training)."""

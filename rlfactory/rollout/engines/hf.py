@@ -1,0 +1,291 @@
+"""`HFEngine`: a transformers causal LM behind the `GenerationEngine` interface, with continuous batching.
+
+Many trajectories `await engine.generate(...)` at once. A worker thread (so the event loop keeps serving tool calls
+while the model computes) gathers waiting requests, prefills them together (left-padded, one forward), merges them
+into the running batch's KV cache, and decodes the whole batch one token per step. Requests join between decode
+steps and leave as soon as they stop (stop token, stop string, max_new_tokens, context limit, cancellation).
+When idle, the first request waits `batch_wait_ms` for company before its prefill.
+
+Weights: `update_weights(state_dict)` copies new weights in between steps. When the engine shares the trainer's
+model object (the local trainer), the optimizer already updated those tensors in place and the call is a no-op;
+the trainer must then not step the optimizer while a rollout is generating.
+Left out: prefix caching across requests, speculative decoding, paged attention (use the vLLM engine for those).
+See `hf_sampling` for the logprob convention.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
+from rlfactory.rollout.engines.hf_kv import BatchKV
+from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
+from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine started (read `HFEngine.stats`)."""
+
+    requests: int = 0
+    prefill_batches: int = 0
+    """Forward passes that admitted new requests; fewer than `requests` means requests were batched."""
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    max_batch_rows: int = 0
+    """Most sequences decoded together in one step."""
+    busy_s: float = 0.0
+    """Seconds the worker spent in forward passes and sampling."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    request_id: str
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    cancelled: bool = False
+
+
+class HFEngine:
+    """Dynamic/continuous batching generation on a transformers causal LM (CPU, or one GPU when present)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_token_id: int,
+        eos_token_ids: list[int] | int,
+        max_batch_size: int = 64,
+        batch_wait_ms: float = 2.0,
+        device: Any = None,
+        tokenizer: Any = None,
+        max_prefill_tokens: int = 32_768,
+    ):
+        """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill.
+
+        On CPU, a `max_batch_size` whose [rows, vocab] fp32 logits stay under 32 MB (48 rows for Qwen's 151,669 ids)
+        lets the allocator reuse each step's logits buffer; larger steps page-fault a fresh one every step.
+        """
+        self.device = resolve_device(device)
+        avoid_cudnn_attention(self.device)
+        if next(model.parameters()).device != self.device:
+            model.to(self.device)
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = frozenset([eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.tokenizer = tokenizer
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.stats = EngineStats()
+        self._pending: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()  # held for every forward pass and for weight loads
+        self._worker: threading.Thread | None = None
+        self._closed = False
+        self._sampler = RowSampler()  # used by the worker thread only
+
+    # ----------------------------------------------------------------- public API
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> GenerationOutput:
+        if self._closed:
+            raise RuntimeError("HFEngine.generate called after close()")
+        if not prompt_ids:
+            raise ValueError("generate: prompt_ids is empty; render at least the chat template's prompt")
+        if len(prompt_ids) >= self.max_context:
+            raise ValueError(
+                f"generate: prompt of {len(prompt_ids)} tokens does not fit the model's context "
+                f"({self.max_context}); shorten it or raise max_position_embeddings"
+            )
+        if sampling.stop_strings and self.tokenizer is None:
+            raise ValueError("generate: stop_strings need HFEngine(..., tokenizer=...) to decode the output")
+        if sampling.max_new_tokens <= 0:
+            return GenerationOutput(token_ids=[], logprobs=[], finish_reason="length")
+        loop = asyncio.get_running_loop()
+        req = _Request(
+            prompt_ids=list(prompt_ids), sampling=sampling, loop=loop, future=loop.create_future(),
+            generator=make_generator(sampling.seed, self.device),
+            stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
+            request_id=request_id or uuid.uuid4().hex,
+        )
+        with self._cond:
+            self._pending.append(req)
+            self.stats.requests += 1
+            self._ensure_worker()
+            self._cond.notify()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.cancelled = True  # the worker drops it at the next step
+            raise
+
+    async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new weights between decode steps (a no-op when `state_dict` holds this model's own tensors)."""
+        await asyncio.to_thread(self._load_weights, state_dict)
+
+    async def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join)
+            self._worker = None
+        self._sampler = RowSampler()  # frees the [rows, vocab] workspace
+
+    # ----------------------------------------------------------------- worker side
+    def _load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        own = {k: v.data_ptr() for k, v in self.model.state_dict().items()}
+        if all(k in own and getattr(v, "data_ptr", lambda: -1)() == own[k] for k, v in state_dict.items()):
+            return  # shared model: the optimizer already updated these tensors in place
+        with self._step_lock:
+            self.model.load_state_dict(dict(state_dict), strict=True)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+            self._worker.start()
+
+    def _run(self) -> None:
+        batch = BatchKV(self.pad_token_id)
+        rows: list[_Request] = []
+        while True:
+            with self._cond:
+                while not self._pending and not rows and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                idle = not rows
+            if idle and self.batch_wait_s > 0:
+                time.sleep(self.batch_wait_s)  # let concurrent callers join the first prefill
+            admitted = self._take_pending(len(rows))
+            started = time.perf_counter()
+            try:
+                rows = self._step(batch, rows, admitted)
+            except Exception as e:  # a failed step fails its requests, not the engine
+                logger.exception("HF engine step failed; failing %d requests", len(rows) + len(admitted))
+                for r in {id(r): r for r in rows + admitted}.values():
+                    self._resolve(r, error=e)
+                rows, batch = [], BatchKV(self.pad_token_id)
+            finally:
+                self.stats.busy_s += time.perf_counter() - started
+        for r in rows + list(self._pending):
+            self._resolve(r, error=RuntimeError("HFEngine closed"))
+        self._pending.clear()
+
+    def _step(self, batch: BatchKV, rows: list[_Request], admitted: list[_Request]) -> list[_Request]:
+        """Admit (prefill) new rows, then decode one token for every live row. Returns the rows still running."""
+        with self._step_lock, torch.inference_mode():
+            if admitted:
+                self._prefill(batch, rows, admitted)
+                rows = self._evict(batch, rows)  # some stop on their first token
+            if rows:
+                self._decode_step(batch, rows)
+        return self._evict(batch, rows)
+
+    def _take_pending(self, active: int) -> list[_Request]:
+        taken: list[_Request] = []
+        budget = self.max_prefill_tokens
+        with self._cond:
+            while self._pending and active + len(taken) < self.max_batch_size:
+                req = self._pending[0]
+                longest = max([len(r.prompt_ids) for r in taken] + [len(req.prompt_ids)])
+                if taken and longest * (len(taken) + 1) > budget:
+                    break  # prefill cost is padded length x rows; the rest join at the next step
+                self._pending.popleft()
+                if not req.cancelled:
+                    taken.append(req)
+        return taken
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 cache: Any) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]  # [B, V]
+
+    def _prefill(self, batch: BatchKV, rows: list[_Request], admitted: list[_Request]) -> None:
+        input_ids, mask, positions = batch.left_pad([r.prompt_ids for r in admitted], self.device)
+        cache = batch.new_cache()
+        logits = self._forward(input_ids, mask, positions, cache)
+        self.stats.prefill_batches += 1
+        self._sample(admitted, logits)
+        batch.merge(cache, mask, positions[:, -1] + 1)
+        rows.extend(admitted)
+
+    def _decode_step(self, batch: BatchKV, rows: list[_Request]) -> None:
+        last = torch.tensor([[r.out_ids[-1]] for r in rows], device=self.device)  # [B, 1]
+        mask, positions = batch.step_inputs()
+        logits = self._forward(last, mask, positions, batch.cache)
+        batch.advance()
+        self.stats.decode_steps += 1
+        self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
+        self._sample(rows, logits)
+
+    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+        tokens, logprobs = self._sampler(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+        for r, tok, lp in zip(reqs, tokens, logprobs):
+            r.out_ids.append(tok)
+            r.out_logprobs.append(lp)
+            self.stats.generated_tokens += 1
+            r.finish = self._finish_reason(r, tok)
+
+    def _finish_reason(self, r: _Request, tok: int) -> str | None:
+        if tok in r.stop_ids:
+            return "stop"
+        if r.sampling.stop_strings and self._hit_stop_string(r):
+            return "stop"
+        if len(r.out_ids) >= r.sampling.max_new_tokens or len(r.prompt_ids) + len(r.out_ids) >= self.max_context:
+            return "length"
+        return None
+
+    def _hit_stop_string(self, r: _Request) -> bool:
+        # Decode only a window of recent tokens: a stop string that was not in the previous window must end in the
+        # newest token. (+4 tokens covers multi-byte characters split across tokens.)
+        longest = max(len(s) for s in r.sampling.stop_strings)
+        window = self.tokenizer.decode(r.out_ids[-(longest + 4):], skip_special_tokens=False)
+        return any(s in window for s in r.sampling.stop_strings)
+
+    def _evict(self, batch: BatchKV, rows: list[_Request]) -> list[_Request]:
+        keep: list[int] = []
+        for i, r in enumerate(rows):
+            if r.cancelled and r.finish is None:
+                r.finish = "abort"
+            if r.finish is None:
+                keep.append(i)
+            else:
+                self._resolve(r)
+        if len(keep) != len(rows):
+            batch.select(keep)
+        return [rows[i] for i in keep]
+
+    def _resolve(self, r: _Request, error: BaseException | None = None) -> None:
+        def deliver() -> None:
+            if r.future.done():
+                return
+            if error is not None:
+                r.future.set_exception(error)
+            else:
+                r.future.set_result(GenerationOutput(
+                    token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop"))
+        try:
+            r.loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the caller's event loop is gone; nobody is waiting
+            pass

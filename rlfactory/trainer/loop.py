@@ -1,0 +1,378 @@
+"""The local engine: GRPO in one process (CPU, or one GPU when present), as one linear loop with a timer per stage.
+
+    sample prompts -> rollouts (AgentLoop on the HF engine, current weights) -> rewards -> GRPO advantages
+    -> policy loss with the loss mask (+ KL to a frozen reference) -> optimizer step -> metrics / eval / save
+
+The run folder holds metrics.jsonl (one object per step), TensorBoard events, summary.json, sampled transcripts
+(JSONL + the HTML viewer), the reward-curve PNG and checkpoints. A rollout that fails is counted
+(`rollout/errors`) and its tokens are not trained on; a reward function that raises is counted (`reward/errors`);
+a tool server that dies costs only error content (the ToolManager restarts it). Same seed, same metrics: prompts,
+sampling seeds and transcript picks derive from (seed, step), and a resumed run restores RNG and data position.
+
+The update runs forward/backward only on trajectories whose advantage is non-zero (groups where every sample got
+the same reward add exactly zero policy gradient), normalised over the whole mini-batch as verl does, so the
+gradient is the one of the full batch at a fraction of the cost; with an entropy bonus or KL every row is computed.
+
+Left out: multi-GPU (use `engine: verl`), sequence packing, async/off-policy rollouts.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+NON_DETERMINISTIC_PREFIXES = ("perf/", "time/")
+"""Metric prefixes that measure wall-clock time: excluded when comparing runs for determinism."""
+
+
+class StageTimer:
+    """Seconds per named stage of one step: `with timer("rollout"): ...` -> metrics `perf/rollout_s`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"perf/{k}_s": v for k, v in self.seconds.items()}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def reward_summary(rewards: list[float]) -> dict[str, float]:
+    """First-5 / last-5 mean reward and the rise, as the quickstart's acceptance reads them."""
+    first, last = _mean(rewards[:5]), _mean(rewards[-5:])
+    return {"reward_first5": first, "reward_last5": last, "reward_rise": last - first}
+
+
+def _engine_busy_s(engine: Any) -> float:
+    stats = getattr(engine, "stats", None)
+    return float(getattr(stats, "busy_s", 0.0))
+
+
+def _step_seed(seed: int, step: int, salt: int) -> int:
+    from rlfactory.rollout.agent_loop import mix_seed
+
+    return mix_seed(seed, step, salt)
+
+
+class LocalTrainer:
+    """Holds the model, optimizer and run state; `await run()` trains. Built by `train_local(recipe)`."""
+
+    def __init__(self, recipe: Any, *, resume: bool = False, progress: bool = False,
+                 model_path: str | Path | None = None, for_eval: bool = False):
+        """`model_path` replaces `model.path` (a checkpoint's model folder, for eval); `for_eval` skips the
+        reference model."""
+        import torch
+
+        from rlfactory.algorithms.grpo import actor_config
+        from rlfactory.data.tasks import TaskSampler, load_tasks
+        from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
+        from rlfactory.models.loading import load_policy, load_tokenizer
+
+        self.recipe = r = recipe
+        self.progress = progress
+        self.out = Path(r.trainer.output_dir).resolve()
+        torch.set_num_threads(r.trainer.torch_threads)
+        self.device = resolve_device(r.trainer.device)
+        avoid_cudnn_attention(self.device)  # training batches change length every step too
+        random.seed(r.trainer.seed)
+        torch.manual_seed(r.trainer.seed)
+        self.tasks = load_tasks(r.data.train_file, r.data)
+        self.val_tasks = load_tasks(r.data.val_file, r.data, r.data.max_val_tasks) if r.data.val_file else []
+        self.sampler = TaskSampler(len(self.tasks), r.trainer.seed)
+        self.tokenizer = load_tokenizer(r, model_path)
+        self.model = load_policy(r, self.device, model_path)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = r.algorithm.optimizer
+        self.optimizer = torch.optim.AdamW(self.params, lr=r.algorithm.learning_rate, betas=tuple(opt.betas),
+                                           weight_decay=opt.weight_decay, eps=opt.eps)
+        warm = opt.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warm) if warm else 1.0)
+        self.ref_model = None if for_eval else self._reference()
+        mini_prompts = r.trainer.prompts_per_step // r.algorithm.mini_batches_per_step
+        self.actor_cfg = actor_config(r.algorithm, samples_per_prompt=r.rollout.samples_per_prompt,
+                                      mini_batch_prompts=mini_prompts)
+        self.step = 0
+        self.rewards_so_far: list[float] = []
+        self.resume = resume
+
+    def _reference(self) -> Any:
+        kl = self.recipe.algorithm.kl
+        if not (kl.use_reference and kl.coef > 0):
+            return None
+        from rlfactory.trainer.checkpoint import is_peft
+
+        if is_peft(self.model):
+            return "adapter-disabled"  # the base weights under the adapter are the frozen reference
+        import copy
+
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    # ----------------------------------------------------------------------------------------------- run folder
+    def _prepare_run_dir(self) -> dict[str, Any] | None:
+        from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(self.out) if self.resume else None
+        if self.resume and ckpt is None:
+            logger.info("--resume: no checkpoint in %s yet; starting from step 0", self.out)
+        if ckpt is None:
+            if (self.out / "metrics.jsonl").exists():
+                logger.warning("starting a fresh run in %s: the previous run's metrics and checkpoints are "
+                               "replaced (pass --resume to continue it)", self.out)
+            import shutil
+
+            for name in ("metrics.jsonl", "summary.json", "tensorboard", "transcripts", "checkpoints", "eval"):
+                p = self.out / name
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+            (self.out / "recipe.yaml").write_text(self.recipe.to_yaml())
+            return None
+        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = int(state["step"])
+        self.sampler.load_state(state["data"])
+        self.rewards_so_far = list(state.get("rewards", []))
+        # Rows written after the checkpoint belong to steps that will run again.
+        metrics = self.out / "metrics.jsonl"
+        if metrics.exists():
+            rows = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
+            keep = [ln for ln in rows if json.loads(ln).get("step", 0) <= self.step]
+            metrics.write_text("".join(ln + "\n" for ln in keep))
+        return state
+
+    def _save(self) -> Path:
+        from rlfactory.rollout.horizon import stage_for_step
+        from rlfactory.trainer.checkpoint import save_checkpoint
+
+        state = {"data": self.sampler.state(), "horizon_stage": stage_for_step(self.recipe.rollout.horizon,
+                                                                                max(self.step - 1, 0)),
+                 "rewards": self.rewards_so_far, "seed": self.recipe.trainer.seed}
+        return save_checkpoint(self.out, self.step, model=self.model, optimizer=self.optimizer,
+                               scheduler=self.scheduler, state=state, tokenizer=self.tokenizer,
+                               keep=self.recipe.trainer.keep_checkpoints)
+
+    # --------------------------------------------------------------------------------------------------- update
+    def _update(self, trajs: list[Any]) -> dict[str, float]:
+        """GRPO advantages, then ppo_epochs x mini-batches of micro-batched forward/backward and an optimizer step."""
+        import torch
+
+        from rlfactory.algorithms.grpo import (
+            build_batch,
+            compute_advantages,
+            policy_loss,
+            response_logprobs,
+            set_global_batch,
+        )
+        from rlfactory.models.loading import pad_id_of
+
+        r = self.recipe
+        a = r.algorithm
+        # A failed rollout is data, not a training signal: keep it in its group's statistics but train none of it.
+        trajs = [t.model_copy(update={"loss_mask": [0] * len(t.loss_mask)}) if t.finish_reason == "error" else t
+                 for t in trajs]
+        batch = build_batch(trajs, pad_id_of(self.tokenizer))  # [N, ...] on CPU
+        advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
+        n = len(batch)
+        mini = n // a.mini_batches_per_step
+        temperature = r.rollout.sampling.temperature
+        only_signal = a.entropy_coef == 0 and self.ref_model is None
+        has_signal = (advantages != 0).any(-1).tolist()  # [N]
+        sums: dict[str, list[float]] = {}
+        grad_norms: list[float] = []
+        ent_sum = ent_tokens = 0.0
+        self.model.train()
+        try:
+            for _epoch in range(a.ppo_epochs):
+                for m0 in range(0, n, mini):
+                    rows = list(range(m0, min(m0 + mini, n)))
+                    set_global_batch(self.actor_cfg, batch.select(rows))  # normalise by the whole mini-batch
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if only_signal:
+                        # Rows with zero advantage add exactly zero policy gradient (no entropy bonus, no KL): skip
+                        # their forward/backward. The normalisation above still counts them, so the gradient is
+                        # the same as computing every row; pg metrics then cover the rows with signal.
+                        rows = [i for i in rows if has_signal[i]]
+                    for u0 in range(0, len(rows), a.micro_batch_size):
+                        micro = rows[u0:u0 + a.micro_batch_size]
+                        mb = batch.select(micro).compact().to(self.device)
+                        adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
+                        logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                                      entropy_grad=a.entropy_coef != 0)
+                        ref = self._ref_logprobs(mb, temperature)
+                        loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=mb.old_log_probs,
+                                              advantages=adv, response_mask=mb.response_mask, entropy=ent,
+                                              ref_log_prob=ref)
+                        loss.backward()
+                        for k, v in m.items():
+                            sums.setdefault(k, []).append(v)
+                        if ent is not None:  # token-mean entropy over the rows computed (a metric)
+                            ent_sum += float((ent.detach() * mb.response_mask).sum())
+                            ent_tokens += float(mb.response_mask.sum())
+                    for p in self.params:  # a mini-batch with no signal still takes its (zero-gradient) step
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                    clip = a.grad_clip if a.grad_clip is not None else float("inf")
+                    gn = torch.nn.utils.clip_grad_norm_(self.params, clip)
+                    grad_norms.append(float(gn))
+                    self.optimizer.step()
+                    self.scheduler.step()
+        finally:
+            self.model.eval()
+            self.optimizer.zero_grad(set_to_none=True)
+        # Micro-batch losses are pieces of the mini-batch loss (global-batch normalisation): sum within a
+        # mini-batch, average over mini-batches and epochs.
+        updates = max(1, a.ppo_epochs * math.ceil(n / mini))
+        out = {k: sum(v) / updates if k in ("loss/pg", "loss/total", "loss/kl") else _mean(v)
+               for k, v in sums.items()}
+        out["loss/entropy"] = ent_sum / ent_tokens if ent_tokens else 0.0
+        for k in ("loss/pg", "loss/total", "loss/pg_clipfrac", "loss/ppo_kl", "loss/pg_clipfrac_lower"):
+            out.setdefault(k, 0.0)  # a step with no signal trains nothing: keep every row's keys the same
+        out["loss/grad_norm"] = _mean(grad_norms)
+        out["loss/lr"] = self.scheduler.get_last_lr()[0]
+        mask = batch.response_mask
+        out["rollout/advantage_abs_mean"] = float((advantages.abs() * mask).sum() / mask.sum().clamp(min=1))
+        groups: dict[Any, list[float]] = {}
+        for t in trajs:
+            groups.setdefault(t.group_id, []).append(t.reward or 0.0)
+        out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
+        out["rollout/trained_tokens"] = float(mask.sum())
+        out["rollout/rows_with_signal"] = float(sum(has_signal))
+        return out
+
+    def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
+        import torch
+
+        from rlfactory.algorithms.grpo import response_logprobs
+
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            if self.ref_model == "adapter-disabled":
+                with self.model.disable_adapter():
+                    return response_logprobs(self.model, mb, temperature=temperature)[0]
+            return response_logprobs(self.ref_model, mb, temperature=temperature)[0]
+
+    # ------------------------------------------------------------------------------------------------------ run
+    async def run(self) -> dict[str, Any]:
+        """Train until `trainer.total_steps`; return the summary (also written to summary.json)."""
+        from rlfactory.report.metrics import MetricsLog
+        from rlfactory.report.run_report import write_report
+        from rlfactory.report.transcripts import save_transcripts
+        from rlfactory.rollout.horizon import horizon_for_step, stage_for_step
+        from rlfactory.trainer.wiring import open_rollout_side
+
+        r, t = self.recipe, self.recipe.trainer
+        self._prepare_run_dir()
+        start_step = self.step
+        log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
+        wall0 = time.perf_counter()
+        last_eval: dict[str, float] = {}
+        bar = StepProgress(self.progress, t.total_steps, start_step)
+        try:
+            async with open_rollout_side(r, self.model, self.tokenizer, self.device, self.out) as side:
+                while self.step < t.total_steps:
+                    step_idx = self.step  # 0-based index of the step about to run
+                    timer = StageTimer()
+                    with timer("step"):
+                        with timer("sample"):
+                            tasks = [self.tasks[i] for i in self.sampler.next(t.prompts_per_step)]
+                            horizon = horizon_for_step(r.rollout.horizon, step_idx)
+                        busy0 = _engine_busy_s(side.engine)
+                        with timer("rollout"):
+                            trajs, roll_m = await side.loop.run_batch(
+                                tasks, r.rollout.samples_per_prompt, horizon, seed=_step_seed(t.seed, step_idx, 1))
+                        with timer("reward"):
+                            rew_m = await side.rewards.score(trajs)
+                        with timer("update"):
+                            upd_m = await asyncio.to_thread(self._update, trajs)
+                    self.step += 1
+                    self.rewards_so_far.append(rew_m["reward/mean"])
+                    row: dict[str, Any] = {"step": self.step, "horizon": horizon,
+                                           "horizon_stage": stage_for_step(r.rollout.horizon, step_idx)}
+                    row.update(rew_m)
+                    row.update(roll_m)
+                    row.update(upd_m)
+                    row.update(timer.metrics())
+                    gen_tokens = sum(sum(x.loss_mask) for x in trajs)
+                    row["perf/tokens_per_s"] = gen_tokens / max(timer.seconds["step"], 1e-9)
+                    # Engine compute inside the rollout stage (the rest of it is waiting on tools).
+                    row["perf/engine_busy_s"] = _engine_busy_s(side.engine) - busy0
+                    if t.log.transcripts_per_step:
+                        pick = random.Random(_step_seed(t.seed, step_idx, 2)).sample(
+                            range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
+                        save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
+                                         [trajs[i] for i in sorted(pick)])
+                    if t.eval_every_steps and (self.step % t.eval_every_steps == 0 or self.step == t.total_steps):
+                        with timer("eval"):
+                            last_eval = await self.evaluate(side, tag=f"step_{self.step:06d}")
+                        row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
+                        row["perf/eval_s"] = timer.seconds["eval"]
+                    log.write(row)
+                    bar.update(self.step, row)
+                    if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
+                        self._save()
+        finally:
+            bar.close()
+            log.close()
+        summary = {"name": r.name, "steps": self.step, "resumed_from_step": start_step,
+                   "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out),
+                   **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
+        if last_eval:
+            summary["eval"] = last_eval
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        try:
+            write_report(self.out, tokenizer=self.tokenizer)
+        except Exception as e:  # plots are a convenience: a failure here must not lose a finished run
+            logger.warning("could not write the report: %s", e)
+        return summary
+
+    async def evaluate(self, side: Any, *, tag: str = "eval", k: int | None = None) -> dict[str, Any]:
+        """Mean reward and pass@k on the validation tasks with the current weights; transcripts saved."""
+        from rlfactory.report.transcripts import save_transcripts
+        from rlfactory.rollout.engines.protocol import SamplingParams
+        from rlfactory.rollout.horizon import max_horizon
+        from rlfactory.scoring.pass_at_k import pass_at_k
+
+        t = self.recipe.trainer
+        k = k or t.eval_samples_per_prompt
+        base = side.loop.default_sampling()
+        sampling: SamplingParams = base.model_copy(update={"temperature": t.eval_temperature})
+        trajs, roll_m = await side.loop.run_batch(self.val_tasks, k, max_horizon(self.recipe.rollout.horizon),
+                                                  seed=_step_seed(t.seed, 10**6, 3), sampling=sampling)
+        rew_m = await side.rewards.score(trajs)
+        res = pass_at_k(trajs, k, t.eval_success_threshold)
+        res.update({"reward/mean": rew_m["reward/mean"], "tasks": len(self.val_tasks), "k": k,
+                    "rollout/tool_calls_mean": roll_m.get("rollout/tool_calls_mean", 0.0),
+                    "rollout/errors": roll_m.get("rollout/errors", 0)})
+        save_transcripts(self.out / "eval" / f"{tag}.jsonl", trajs)
+        (self.out / "eval" / f"{tag}.json").write_text(json.dumps(res, indent=1))
+        return res
+
+
+def train_local(recipe: Any, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Run the recipe on the local engine; returns the summary dict."""
+    trainer = LocalTrainer(recipe, resume=resume, progress=progress)
+    return asyncio.run(trainer.run())

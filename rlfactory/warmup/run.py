@@ -1,0 +1,251 @@
+"""`rlfactory sft RECIPE` end to end: demonstrations through the real tools, tokenizer, model, phases, save, check.
+
+The recipe is an ordinary training recipe (model, data, tools, rollout) plus an `sft:` section (`SFTConfig`). The
+warm-up writes an HF model folder that a GRPO recipe can start from (`model.path`), and before finishing it rolls
+the model out through the real tools on validation tasks and says whether it is a usable start for GRPO.
+
+Left out: distributed or GPU-scale SFT (this is a warm-up for small models; large models come warm from their
+authors), and packing several transcripts into one sequence.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rlfactory.data.tasks import read_rows
+from rlfactory.errors import ConfigError
+from rlfactory.recipe.sft import SFTConfig
+from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
+from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+"""Called with an event name (`demos`, `tokenizer`, `model`, `step`, `check`, `saved`) and its figures."""
+
+
+def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, require_sft: bool = True
+                    ) -> tuple[Any, SFTConfig | None]:
+    """The recipe and its `sft:` section, validated; every problem reported at once with dotted field paths.
+
+    Relative paths of the section (`output_dir`, `tasks_file`, phase `data` files) are resolved against the recipe's
+    folder, like the rest of the recipe. With `require_sft=False` a recipe without the section gives (recipe, None)."""
+    from pydantic import ValidationError
+
+    from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
+    from rlfactory.recipe.messages import format_validation_errors
+    from rlfactory.recipe.schema import Recipe
+
+    path = Path(path)
+    raw = apply_overrides(load_yaml_mapping(path), overrides or [], source=str(path))
+    section = raw.get("sft")
+    if section is None and require_sft:
+        raise ConfigError("no `sft:` section: add one (see recipes/quickstart_sft.yaml) to use `rlfactory sft`",
+                          file=str(path))
+    problems: list[str] = []
+    sft = None
+    if section is not None:
+        try:
+            sft = SFTConfig.model_validate(section)
+        except ValidationError as e:
+            problems += [f"sft.{p}" for p in format_validation_errors(e, SFTConfig)]
+    rest = {k: v for k, v in raw.items() if k != "sft" or "sft" in Recipe.model_fields}
+    try:
+        recipe = Recipe.from_dict(rest, base_dir=path.resolve().parent, source=str(path))
+    except ConfigError as e:
+        problems += [p for p in e.problems if not p.startswith("sft")]
+        recipe = None
+    if problems or recipe is None:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems in the recipe:",
+                          file=str(path), problems=problems)
+    if sft is None:
+        return recipe, None
+    base = path.resolve().parent
+
+    def resolve(p: str) -> str:
+        q = Path(p).expanduser()
+        return str(q if q.is_absolute() else (base / q).resolve())
+
+    sft.output_dir = resolve(sft.output_dir)
+    for d in sft.demos:
+        if d.tasks_file:
+            d.tasks_file = resolve(d.tasks_file)
+    names = {d.name for d in sft.demos}
+    for phase in sft.phases:
+        if phase.data not in names:
+            phase.data = resolve(phase.data)
+    return recipe, sft
+
+
+async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: ProgressFn | None = None
+                         ) -> dict[str, list[dict[str, Any]]]:
+    """Generate every demo set of the recipe through its real tools; each is also written to `out_dir/NAME.jsonl`."""
+    from rlfactory.tools.manager import ToolManager
+
+    sets: dict[str, list[dict[str, Any]]] = {}
+    if not sft.demos:
+        return sets
+    if not recipe.tools.mcp_configs:
+        raise ConfigError("sft.demos need tools: set tools.mcp_configs to the servers the demonstrations call",
+                          file=recipe.source)
+    async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+        for d in sft.demos:
+            t0 = time.perf_counter()
+            tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
+                d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
+            demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
+                                                policy=calculator_policy, system_prompt=recipe.rollout.system_prompt)
+            write_jsonl(demos, out_dir / f"{d.name}.jsonl")
+            sets[d.name] = demos
+            if progress:
+                progress("demos", {"name": d.name, **stats, "seconds": time.perf_counter() - t0})
+    return sets
+
+
+def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
+    from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model
+    from rlfactory.models.tiny import build_tiny_qwen3
+
+    if sft.init == "model" and is_tiny_random(recipe):
+        model = build_tiny_random(recipe, "float32", "cpu")
+    elif sft.init == "model":
+        model = load_model(recipe.model.path, dtype="float32", device="cpu")
+    else:
+        s = sft.scratch_model
+        model = build_tiny_qwen3(
+            len(tokenizer), seed=sft.seed, hidden_size=s.hidden_size, num_layers=s.num_hidden_layers,
+            heads=s.num_attention_heads, kv_heads=s.num_key_value_heads, head_dim=s.head_dim,
+            intermediate_size=s.intermediate_size,
+            max_position_embeddings=s.max_position_embeddings, tie_word_embeddings=True,
+        )
+        # The tokenizer is our own, so its ids (not Qwen's) are the special ones.
+        for cfg in (model.config, model.generation_config):
+            cfg.pad_token_id = tokenizer.pad_token_id
+            cfg.eos_token_id = tokenizer.eos_token_id
+            cfg.bos_token_id = None
+    return model
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from rlfactory.models.tokenizer import attach_chat_template
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not getattr(tok, "chat_template", None):
+        attach_chat_template(tok)
+    return tok
+
+
+async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """The whole warm-up; returns its summary (also written to `<output_dir>/sft_summary.json`)."""
+    import torch
+
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(sft.torch_threads)
+    torch.manual_seed(sft.seed)
+    work = Path(sft.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    sets = await make_demo_sets(recipe, sft, work / "demos", progress)
+    phase_data = {p.data: sets[p.data] if p.data in sets else read_rows(p.data) for p in sft.phases}
+
+    if sft.init == "scratch":
+        tokenizer = build_tokenizer([t for rows in phase_data.values() for t in rows],
+                                    vocab_size=sft.tokenizer.vocab_size, min_frequency=sft.tokenizer.min_frequency,
+                                    model_max_length=sft.scratch_model.max_position_embeddings,
+                                    enable_thinking=recipe.rollout.enable_thinking)
+        problems = check_tokenizer(tokenizer)
+        if problems:
+            raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))
+    else:
+        from rlfactory.models.loading import load_tokenizer
+
+        # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
+        tokenizer = load_tokenizer(recipe)
+    model = _build_model(recipe, sft, tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    # Tools as the policy will see them: from any transcript (demos carry them), else from the servers.
+    tools = next((t.get("tools") for rows in phase_data.values() for t in rows if t.get("tools")), None)
+    chat = ChatFormat(tokenizer, tools, enable_thinking=recipe.rollout.enable_thinking,
+                      system_prompt=recipe.rollout.system_prompt)
+    encoded = {name: [encode_transcript(chat, t["messages"]) for t in rows] for name, rows in phase_data.items()}
+    lengths = [len(ids) for rows in encoded.values() for ids, _ in rows]
+    # Prompt length = tokens before the first policy token, averaged over the transcripts.
+    prompt_lengths = [mask.index(1) for rows in encoded.values() for _, mask in rows]
+    prompt_tokens = sum(prompt_lengths) / len(prompt_lengths)
+    if progress:
+        progress("model", {"parameters": n_params, "vocab": len(tokenizer), "prompt_tokens": prompt_tokens,
+                           "transcript_tokens_mean": sum(lengths) / len(lengths),
+                           "steps": sum(p.steps for p in sft.phases)})
+
+    t_train = time.perf_counter()
+    history = train_phases(
+        model, [(p, encoded[p.data]) for p in sft.phases], batch_size=sft.batch_size,
+        pad_id=tokenizer.pad_token_id, grad_clip=sft.grad_clip, weight_decay=sft.weight_decay, betas=sft.betas,
+        seed=sft.seed, on_step=(lambda row: progress("step", row)) if progress else None,
+    )
+    train_s = time.perf_counter() - t_train
+    out = save_model(model, tokenizer, sft.output_dir)
+    if progress:
+        progress("saved", {"path": str(out)})
+
+    summary = {
+        "output_dir": str(out), "parameters": n_params, "vocab_size": len(tokenizer), "prompt_tokens": prompt_tokens,
+        "steps": len(history), "train_s": train_s, "total_s": time.perf_counter() - t_start,
+        "loss_first": history[0]["loss"], "loss_last": sum(r["loss"] for r in history[-20:]) / min(20, len(history)),
+        "phases": [p.model_dump() for p in sft.phases], "torch_threads": sft.torch_threads, "seed": sft.seed,
+        "check": {},
+    }
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(work / "sft_history.jsonl", "w") as f:
+        for row in history:
+            f.write(json.dumps(row) + "\n")
+    summary["check"] = await check_model(recipe, sft, model, tokenizer, progress)
+    summary["total_s"] = time.perf_counter() - t_start
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer: Any = None,
+                      progress: ProgressFn | None = None) -> dict[str, Any]:
+    """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
+    Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.warmup.check import usable_start_check
+
+    if not (sft.check.tasks and recipe.data.val_file):
+        return {}
+    if model is None:
+        from rlfactory.models.loading import load_model
+
+        model = load_model(sft.output_dir, dtype="float32", device="cpu")
+        tokenizer = _load_tokenizer(sft.output_dir)
+    async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+        check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
+    if progress:
+        progress("check", check)
+    return check
+
+
+async def check_saved(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """`rlfactory sft RECIPE --check-only`: check the model folder the recipe wrote, record it in its summary."""
+    import torch
+
+    torch.set_num_threads(sft.torch_threads)
+    out = Path(sft.output_dir)
+    if not (out / "config.json").exists():
+        raise ConfigError(f"sft.output_dir: {out} holds no model yet; run `rlfactory sft` without --check-only first",
+                          file=recipe.source)
+    check = await check_model(recipe, sft, progress=progress)
+    path = out / "sft_summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {"output_dir": str(out)}
+    summary["check"] = check
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,134 @@
+"""Train a tiny byte-level BPE tokenizer on rendered transcripts, for models trained from scratch (the CPU quickstart).
+
+The result is an HF `PreTrainedTokenizerFast` that speaks the Qwen3 chat format exactly: the same special tokens
+(`<|im_start|>`, `<|im_end|>`, `<tool_call>`, ...) as single ids and the same chat template as the real Qwen3
+tokenizer, so the AgentLoop renders prompts and tool deltas for it the way it does for Qwen3.
+
+Choices, and why:
+- Digits are pre-split into single tokens, so a number is always spelled digit by digit and a small model can learn
+  to copy operands and tool results.
+- No pre-tokenizer regex: merges may span spaces and punctuation, so the long, repeated tool-schema text of the system
+  turn compresses into a few tokens (the prompt stays short, which is what makes CPU training fast).
+- It is trained on fully rendered transcripts (chat template applied, tool schemas included), i.e. on exactly the
+  text the model will see.
+
+What it leaves out: any claim to be a general-purpose tokenizer. Text unlike the training transcripts still encodes
+(byte-level fallback) but into many tokens.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+# Control tokens: special (skipped by `decode(skip_special_tokens=True)`), as in Qwen3.
+CONTROL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Format tokens: single ids but kept by decode, as in Qwen3, because parsers read them from decoded text.
+FORMAT_TOKENS: tuple[str, ...] = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<answer>", "</answer>",
+)
+
+
+def _empty_byte_level_tokenizer() -> Any:
+    """A byte-level BPE with no merges yet: digits split, no regex, Qwen's special tokens registered."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        # use_regex=False: no GPT-2 word splitting, so merges can span words (see the module docstring).
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
+    return tok
+
+
+def _wrap(tok: Any, model_max_length: int) -> Any:
+    """Wrap a `tokenizers.Tokenizer` as an HF tokenizer with Qwen3's chat template and special-token roles."""
+    from transformers import PreTrainedTokenizerFast
+
+    from rlfactory.models.tokenizer import attach_chat_template
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",  # Qwen3 chat models end a turn (and generation) with <|im_end|>
+        pad_token="<|endoftext|>",
+        model_max_length=model_max_length,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    attach_chat_template(hf)
+    return hf
+
+
+def render_transcripts(
+    tokenizer: Any, transcripts: Iterable[dict[str, Any]], enable_thinking: bool = False
+) -> list[str]:
+    """Render each transcript (`{"messages": [...], "tools": [openai schemas]}`) with the chat template."""
+    texts = []
+    for t in transcripts:
+        texts.append(tokenizer.apply_chat_template(
+            _template_messages(t["messages"]), tools=t.get("tools") or None, tokenize=False,
+            enable_thinking=enable_thinking,
+        ))
+    return texts
+
+
+def _template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Demonstration transcripts keep the policy's raw text (tool calls inline), as rollouts do; the template only
+    # needs role and content.
+    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+
+
+def build_tokenizer(
+    transcripts: Sequence[dict[str, Any]],
+    vocab_size: int = 640,
+    model_max_length: int = 1024,
+    min_frequency: int = 2,
+    enable_thinking: bool = False,
+) -> Any:
+    """Train the tokenizer on rendered transcripts and return it as a `PreTrainedTokenizerFast`.
+
+    `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
+    times, so the result may be smaller.
+    """
+    from tokenizers import pre_tokenizers, trainers
+
+    if not transcripts:
+        raise ValueError("build_tokenizer needs at least one transcript to train on")
+    base = _empty_byte_level_tokenizer()
+    # Rendering needs only the template, not the vocabulary: render with the merge-less tokenizer, then train it.
+    texts = render_transcripts(_wrap(base, model_max_length), transcripts, enable_thinking=enable_thinking)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(CONTROL_TOKENS) + list(FORMAT_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    base.train_from_iterator(texts, trainer=trainer)
+    hf = _wrap(base, model_max_length)
+    lengths = [len(hf(t, add_special_tokens=False)["input_ids"]) for t in texts[:256]]
+    logger.info("tokenizer: vocab %d, transcript length %.1f tokens on average (%d sampled)",
+                len(hf), sum(lengths) / len(lengths), len(lengths))
+    return hf
+
+
+def check_tokenizer(tokenizer: Any) -> list[str]:
+    """Problems with a built tokenizer (empty list = fine): specials must be single ids, digits single tokens."""
+    problems = []
+    for t in CONTROL_TOKENS + FORMAT_TOKENS:
+        ids = tokenizer.encode(t, add_special_tokens=False)
+        if len(ids) != 1:
+            problems.append(f"{t} encodes to {len(ids)} ids, expected 1")
+    ids = tokenizer.encode("x=4817*2931", add_special_tokens=False)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    if any(any(c.isdigit() for c in p) and len(p) > 1 for p in pieces):
+        problems.append(f"digits are not single tokens: {pieces}")
+    if not getattr(tokenizer, "chat_template", None):
+        problems.append("no chat template attached")
+    return problems
