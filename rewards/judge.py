@@ -32,6 +32,9 @@ from typing import Any
 
 import httpx
 
+from rlfactory.tools.cache.base import cache_key
+from rlfactory.tools.types import ToolResult
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM = "You are a strict grader. You compare a response with a reference answer and give a score."
@@ -180,7 +183,6 @@ async def llm_judge(
             **(extra_body or {})}
     key = None
     if cache is not None:
-        from rlfactory.tools.cache.base import cache_key  # noqa: PLC0415 - rewards/ stays importable on its own
 
         key = cache_key("judge", model, {"request": body, "max_score": max_score}, base_url.rstrip("/"))
         hit = await cache.get(key)
@@ -209,7 +211,6 @@ async def llm_judge(
             raise JudgeError(f"judge {model} at {base_url} gave no verdict after {retries + 1} attempts: {problem}")
 
     if cache is not None and key is not None:
-        from rlfactory.tools.types import ToolResult  # noqa: PLC0415
 
         verdict = ToolResult(name="judge", server="judge", text=json.dumps({"score": score, "reply": reply}))
         await cache.set(key, verdict, cache_ttl_s)

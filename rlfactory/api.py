@@ -19,9 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from rlfactory.errors import ConfigError
+from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
+from rlfactory.trainer.evaluate import evaluate_local
+from rlfactory.trainer.loop import train_local
+from rlfactory.verl.launch import run_verl
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -39,7 +45,6 @@ _SHORTCUTS = {
 
 
 def _check_or_raise(recipe: Recipe, *, for_training: bool) -> None:
-    from rlfactory.preflight import check_loaded_recipe
 
     check = check_loaded_recipe(recipe, for_training=for_training)
     if not check.ok:
@@ -55,7 +60,6 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
         _check_or_raise(recipe, for_training=False)  # as the CLI: the model folder need only exist on the cluster
         return run_verl(recipe, dry_run=dry_run, resume=resume)
     _check_or_raise(recipe, for_training=True)
-    from rlfactory.trainer.loop import train_local
 
     return train_local(recipe, resume=resume, progress=progress)
 
@@ -66,7 +70,6 @@ def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,
     _check_or_raise(recipe, for_training=checkpoint is None)
     if not recipe.data.val_file:
         raise ConfigError("data.val_file is empty: evaluation needs a validation file")
-    from rlfactory.trainer.evaluate import evaluate_local
 
     return evaluate_local(recipe, checkpoint=checkpoint, output_dir=output_dir)
 
@@ -131,7 +134,6 @@ class RLFactory:
 
 
 def _yaml_scalar(value: Any) -> str:
-    import yaml
 
     text = yaml.safe_dump(value, default_flow_style=True).strip()
     return text[:-4].strip() if text.endswith("\n...") or text.endswith(" ...") else text.removesuffix("...")

@@ -8,13 +8,22 @@ and an ERROR for `train` (`for_training=True`). Starts no tool server and loads 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from rlfactory.errors import ConfigError
+from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
+from rlfactory.recipe.messages import describe_error
+from rlfactory.recipe.schema import Recipe, cross_field_problems
+from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+from rlfactory.scoring.loader import load_reward_functions
+from rlfactory.tools.mcp_configs import load_recipe_servers
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +33,6 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 @dataclass
 class RecipeCheck:
     """The outcome of checking a recipe: the Recipe (when its fields are valid), errors and warnings."""
-
     recipe: Any | None
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -38,10 +46,7 @@ def check_recipe(path: str | Path, overrides: list[str] | None = None, *, for_tr
     """Load and check a recipe file; never raises for user errors (they land in `errors`).
 
     When some fields are invalid, they are dropped and the rest is checked too, so one run reports every problem."""
-    from pydantic import ValidationError
 
-    from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
-    from rlfactory.recipe.schema import Recipe
 
     shown = str(path)
     try:
@@ -111,9 +116,7 @@ def check_loaded_recipe(recipe: Any, *, for_training: bool = False, shown: str |
     _check_tools(recipe, errors)
     _check_rewards(recipe, errors, required=for_training or recipe.sft is None)
     if recipe.model.lora.enabled:
-        try:
-            import peft  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("peft") is None:
             errors.append("model.lora.enabled: the `peft` package is not installed (pip install peft)")
     return RecipeCheck(recipe, [f"{shown}: {m}" for m in errors], [f"{shown}: {m}" for m in warnings])
 
@@ -125,7 +128,6 @@ def validate_recipe(path: str | Path, overrides: list[str] | None = None) -> lis
 
 # ------------------------------------------------------------------------------------------------------ checks
 def _check_model(r: Any, for_training: bool, errors: list[str], warnings: list[str]) -> None:
-    from rlfactory.recipe.training import TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
 
     model_dir = Path(r.model.path)
     if r.model.path == TINY_RANDOM_MODEL:
@@ -154,7 +156,6 @@ def _check_model(r: Any, for_training: bool, errors: list[str], warnings: list[s
                 errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
                               f"model's max_position_embeddings ({limit}) in {cfg_file}")
     tok = r.tokenizer.path
-    from rlfactory.recipe.training import BUILTIN_TOKENIZERS
 
     if tok and tok not in BUILTIN_TOKENIZERS and not Path(tok).exists():
         msg = f"tokenizer.path: not found: {tok} (a tokenizer folder, or one of {', '.join(BUILTIN_TOKENIZERS)})"
@@ -220,24 +221,19 @@ def _check_data(r: Any, errors: list[str], warnings: list[str]) -> None:
                       f"add a validation file or set eval_every_steps: 0")
 
 
-def _check_tools(r: Any, errors: list[str]) -> None:
+def _check_tools(r: Recipe, errors: list[str]) -> None:
     if not r.tools.mcp_configs:
+        if r.tools.servers or r.tools.server_settings:
+            errors.append("tools.servers / tools.server_settings name servers, but tools.mcp_configs is empty")
         return
-    try:
-        from rlfactory.tools.mcp_configs import load_mcp_configs
-    except ImportError:  # the tool layer is always shipped; this only guards partial installs
-        for p in r.tools.mcp_configs:
-            if not Path(p).is_file():
-                errors.append(f"tools.mcp_configs: file not found: {p}")
-        return
-    for p in r.tools.mcp_configs:
-        if not Path(p).is_file():
-            errors.append(f"tools.mcp_configs: file not found: {p}")
-    try:
-        load_mcp_configs([p for p in r.tools.mcp_configs if Path(p).is_file()])
-    except ConfigError as e:
-        where = f"{e.file}: " if e.file else ""
-        errors.extend(f"tools.mcp_configs: {where}{m}" for m in e.problems)
+    missing = [p for p in r.tools.mcp_configs if not Path(p).is_file()]
+    errors.extend(f"tools.mcp_configs: file not found: {p}" for p in missing)
+    if not missing:
+        try:
+            load_recipe_servers(r.tools)
+        except ConfigError as e:
+            where = f"{e.file}: " if e.file else ""
+            errors.extend(m if m.startswith("tools.") else f"tools.mcp_configs: {where}{m}" for m in e.problems)
     if r.tools.cache.backend == "redis" and not r.tools.cache.url:
         errors.append("tools.cache.url: required when tools.cache.backend is redis (e.g. redis://127.0.0.1:6379/0)")
 
@@ -251,15 +247,8 @@ def _check_rewards(r: Any, errors: list[str], *, required: bool) -> None:
                       "`- {function: exact_match, weight: 1.0}`")
         return
     try:
-        from rlfactory.scoring.rewardset import RewardSet
-    except ImportError:
-        return
-    if not hasattr(RewardSet, "from_config"):
-        return
-    try:
-        RewardSet.from_config(r.rewards, r.base_dir)
-    except ConfigError as e:
-        errors.extend(f"rewards.{m}" if not m.startswith("rewards") else m for m in e.problems)
+        _functions, problems = load_reward_functions(r.rewards, r.base_dir)
+        errors.extend(f"rewards.{m}" if not m.startswith("rewards") else m for m in problems)
     except Exception as e:  # a reward module that fails to import is the user's code: report, don't crash
         errors.append(f"rewards.functions: loading failed: {type(e).__name__}: {e}")
 

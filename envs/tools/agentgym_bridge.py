@@ -1,7 +1,7 @@
 """MCP server fronting any server that speaks AgentGym's HTTP env protocol (TextCraft, BabyAI, SciWorld, WebShop,
 WebArena, ... as run by AgentGym): tools `reset(task_id)`, `step(action)`, `observe()`, `close()`.
 
-Run: `python envs/tools/agentgym_bridge.py --url http://127.0.0.1:36001 --env textcraft`
+Run: `python -m rlfactory.envs.tools.agentgym_bridge --url http://127.0.0.1:36001 --env textcraft`
 (or env AGENTGYM_URL / AGENTGYM_ENV). `--id-key` / `--reset-key` override the protocol variant (see
 `rlfactory/envs/client.py`). Each MCP episode creates its own instance on the AgentGym server and closes it when the
 episode closes. An example config is examples/agentgym_bridge.json.

@@ -1,6 +1,6 @@
 """Serve one of our environments over AgentGym's HTTP env protocol (FastAPI + uvicorn on 127.0.0.1).
 
-Run: `python envs/tools/agentgym_http_server.py --env textcraft --port 36001 [--id-key env_idx]`.
+Run: `python -m rlfactory.envs.tools.agentgym_http_server --env textcraft --port 36001 [--id-key env_idx]`.
 It lets `EnvClient` and the MCP bridge be exercised against a real server, and lets AgentGym's own clients use our
 TextCraft / BabyAI / Deep Search. Endpoints: POST /create, /reset {id, data_idx}, /step {id, action},
 GET /observation?id=, POST /close {id}; `--id-key env_idx` serves the WebShop-style variant of the id field.
@@ -9,9 +9,13 @@ Left out: authentication (bind to 127.0.0.1 only).
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import threading
 from typing import Any, Callable
+
+import uvicorn
+from fastapi import Body, FastAPI, HTTPException, Query
 
 from rlfactory.envs.episodes import EpisodeRegistry
 from rlfactory.envs.types import Env, StepResult
@@ -25,14 +29,12 @@ ENVS: dict[str, str] = {
 
 
 def env_factory(name: str) -> Callable[[], Env]:
-    import importlib
 
     module, _, attr = ENVS[name].partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
 def make_app(env_name: str, id_key: str = "id", max_episodes: int = 1024):
-    from fastapi import Body, FastAPI, HTTPException, Query
 
     registry: EpisodeRegistry[Env] = EpisodeRegistry(env_factory(env_name), max_episodes=max_episodes)
     ids = itertools.count()
@@ -100,7 +102,6 @@ def main() -> None:
     p.add_argument("--id-key", default="id", help="name of the instance id field: id (default) or env_idx")
     p.add_argument("--max-episodes", type=int, default=1024)
     args = p.parse_args()
-    import uvicorn
 
     uvicorn.run(make_app(args.env, args.id_key, args.max_episodes), host=args.host, port=args.port,
                 log_level="warning")

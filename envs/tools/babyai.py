@@ -1,6 +1,6 @@
 """BabyAI (minigrid) as a stateful MCP server (stdio), with text observations and named actions.
 
-Run: `python envs/tools/babyai.py [--levels BabyAI-GoToLocal-v0,BabyAI-PickupLoc-v0] [--max-episodes N]`.
+Run: `python -m rlfactory.envs.tools.babyai [--levels BabyAI-GoToLocal-v0,BabyAI-PickupLoc-v0] [--max-episodes N]`.
 The text rendering lives in `rlfactory/envs/babyai.py`.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Calculator MCP server: exact arithmetic with a safe parser.
 
-Run: `python envs/tools/calculator.py` (stdio) or `python envs/tools/calculator.py --http --port 8011`
+Run: `python -m rlfactory.envs.tools.calculator` (stdio) or `python -m rlfactory.envs.tools.calculator --http --port 8011`
 (streamable HTTP on 127.0.0.1, endpoint /mcp).
 
 The expression is parsed with `ast` and evaluated by walking a whitelist of node types — never `eval`.

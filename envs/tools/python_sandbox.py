@@ -1,6 +1,6 @@
 """Python sandbox MCP server (server name `python`): run a snippet in a contained subprocess.
 
-Run: `python envs/tools/python_sandbox.py` (stdio) or `--http --port N` (streamable HTTP on 127.0.0.1).
+Run: `python -m rlfactory.envs.tools.python_sandbox` (stdio) or `--http --port N` (streamable HTTP on 127.0.0.1).
 Options: `--memory-mb`, `--max-timeout-s`, `--max-output-chars`, `--file-size-mb`.
 
 Each call runs `python -I` in a fresh scratch directory (its cwd, deleted afterwards) and returns the exit code,
@@ -42,7 +42,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-log = logging.getLogger("envs.tools.python_sandbox")
+log = logging.getLogger("rlfactory.envs.tools.python_sandbox")
 
 # The child's first code: limits, then the audit hook, then the snippet. Runs with `python -I -c`.
 BOOT = r'''

@@ -1,6 +1,6 @@
 """ScienceWorld as a stateful MCP server (stdio). Each open episode owns a JVM, started lazily on its first reset.
 
-Run: `python envs/tools/sciworld.py [--max-episodes 8]`. Restrict tasks with env RLFACTORY_SCIWORLD_TASKS
+Run: `python -m rlfactory.envs.tools.sciworld [--max-episodes 8]`. Restrict tasks with env RLFACTORY_SCIWORLD_TASKS
 (comma-separated ScienceWorld task names) and add simplifications with RLFACTORY_SCIWORLD_SIMPLIFICATIONS
 (e.g. `easy`). The wrapper lives in `rlfactory/envs/sciworld.py`.
 """

@@ -1,12 +1,12 @@
 """Search MCP server: BM25 (bm25s) over a small corpus the project ships.
 
-Run: `python envs/tools/search.py` (stdio), `--http --port N` (streamable HTTP on 127.0.0.1), or `--build-index`
+Run: `python -m rlfactory.envs.tools.search` (stdio), `--http --port N` (streamable HTTP on 127.0.0.1), or `--build-index`
 (build the index and exit; `rlfactory setup-mcp` does this once before training).
 
 The corpus is JSONL with one document per line: `{"id": ..., "title": ..., "text": ...}` — by default
 `envs/tools/data/search_corpus.jsonl` (232 short documents: real facts, and a fictional continent, Aurelia, whose
 towns, people and inventions exist only in this corpus, so questions about them cannot be answered from memory).
-`--corpus PATH` serves another file in the same shape.
+`--corpus PATH` serves another file in the same shape (a bare name picks a corpus shipped beside the default one).
 
 The index is built once and saved beside the corpus (`<corpus>.bm25s/`), or under ~/.cache/rlfactory when that
 directory is not writable; it is rebuilt when the corpus changes (its sha256 is stored with the index). Builds
@@ -30,9 +30,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-log = logging.getLogger("envs.tools.search")
+log = logging.getLogger("rlfactory.envs.tools.search")
 
-DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "search_corpus.jsonl"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_CORPUS = DATA_DIR / "search_corpus.jsonl"
 MAX_TOP_K = 10
 MAX_QUERY_CHARS = 500
 INDEX_FORMAT = 1
@@ -67,9 +68,11 @@ def _digest(path: Path) -> str:
 
 
 def index_dir_for(corpus: Path) -> Path:
-    """Beside the corpus when writable, else a per-corpus folder under ~/.cache/rlfactory."""
+    """Beside the corpus when that folder is writable and not the installed package's own data (a wheel's files stay
+    as pip wrote them), else a per-corpus folder under ~/.cache/rlfactory."""
     beside = corpus.with_name(corpus.name + ".bm25s")
-    if os.access(corpus.parent, os.W_OK):
+    shipped_in_a_wheel = corpus.resolve().parent == DATA_DIR and "site-packages" in DATA_DIR.parts
+    if os.access(corpus.parent, os.W_OK) and not shipped_in_a_wheel:
         return beside
     tag = hashlib.sha256(str(corpus.resolve()).encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "rlfactory" / f"search-{tag}.bm25s"
@@ -173,7 +176,9 @@ def search(query: str, top_k: int = 3) -> str:
 def main() -> None:
     global _corpus_path, _searcher
     parser = argparse.ArgumentParser(description="BM25 search MCP server.")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="JSONL corpus (id, title, text)")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                        help="JSONL corpus (id, title, text): a path, or the file name of a corpus shipped in "
+                             f"{DATA_DIR} (e.g. deepsearch_corpus.jsonl)")
     parser.add_argument("--build-index", action="store_true", help="build the index if needed, then exit")
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
     parser.add_argument("--host", default="127.0.0.1")
@@ -181,8 +186,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     _corpus_path = args.corpus.resolve()
+    if not _corpus_path.exists() and args.corpus.parent == Path(".") and (DATA_DIR / args.corpus).is_file():
+        _corpus_path = DATA_DIR / args.corpus  # a shipped corpus, by name
     if not _corpus_path.exists():
-        raise SystemExit(f"search corpus not found: {_corpus_path} (pass --corpus PATH)")
+        shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*corpus*.jsonl")))
+        raise SystemExit(f"search corpus not found: {_corpus_path} (pass --corpus PATH, or a shipped corpus: {shipped})")
     # Load (building if needed) before serving, so the first call is not slow and start-up reports problems.
     _searcher = Searcher(_corpus_path)
     if args.build_index:

@@ -1,6 +1,6 @@
 """TextCraft as a stateful MCP server (stdio): `reset(task_id)`, `step(action)`, `observe()`, `close()`.
 
-Run: `python envs/tools/textcraft.py [--max-episodes N] [--idle-timeout-s S]`. The game itself is
+Run: `python -m rlfactory.envs.tools.textcraft [--max-episodes N] [--idle-timeout-s S]`. The game itself is
 `rlfactory/envs/textcraft.py` (our recipe set: envs/tools/data/textcraft_recipes.json).
 """
 from __future__ import annotations

@@ -16,14 +16,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn, kl_penalty
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.config import ActorConfig
+from verl.workers.config.actor import PolicyLossConfig
 
 from rlfactory.rollout.trajectory import Trajectory
+from rlfactory.scoring.rewardset import token_level_rewards
 
 
 @dataclass
 class GRPOBatch:
     """One step's trajectories as padded tensors. N = B*G trajectories, P = longest prompt, T = longest response."""
-
     input_ids: torch.Tensor  # [N, P+T] prompt left-padded, response right-padded
     attention_mask: torch.Tensor  # [N, P+T] 1 on real tokens
     position_ids: torch.Tensor  # [N, P+T] positions counted over real tokens only (left padding safe)
@@ -75,8 +79,6 @@ class GRPOBatch:
 
 def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
     """Pad trajectories into a GRPOBatch. Rewards must already be scored (`RewardSet.score`)."""
-    from rlfactory.scoring.rewardset import token_level_rewards
-
     n = len(trajectories)
     if n == 0:
         raise ValueError("build_batch: no trajectories")
@@ -108,7 +110,6 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
 def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> torch.Tensor:
     """Group-relative advantages, verl's `compute_grpo_outcome_advantage`: (R - mean_g) / (std_g + eps) per group,
     broadcast over the response and zeroed off the loss mask. Returns [N, T]."""
-    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     adv, _returns = compute_grpo_outcome_advantage(
         token_level_rewards=batch.token_level_rewards,  # [N, T]
@@ -126,7 +127,6 @@ def response_logprobs(
     """Logprobs of the response tokens under `model` (and per-token entropy), temperature-scaled like the sampler
     (rlfactory/rollout/hf_sampling.py). Returns ([N, T], [N, T] or None). The entropy carries gradient only with
     `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory."""
-    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
     p, t_len = batch.prompt_len, batch.responses.shape[1]
     # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over the
@@ -145,9 +145,6 @@ def response_logprobs(
 
 def actor_config(algorithm: Any, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:
     """verl's ActorConfig carrying our algorithm settings (the policy-loss functions read their knobs from it)."""
-    from verl.workers.config import ActorConfig
-    from verl.workers.config.actor import PolicyLossConfig
-
     return ActorConfig(
         strategy="fsdp", rollout_n=samples_per_prompt, ppo_mini_batch_size=mini_batch_prompts,
         ppo_micro_batch_size_per_gpu=algorithm.micro_batch_size, clip_ratio=algorithm.clip_ratio_low,
@@ -180,7 +177,6 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to backpropagate for one micro-batch: verl's policy loss - entropy_coef * entropy + kl_coef * KL.
     Mirrors `verl.workers.utils.losses.ppo_loss`. Returns (scalar loss, metrics)."""
-    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 
     mask = response_mask.to(torch.bool)
     loss_fn = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))

@@ -102,7 +102,7 @@ def demos_cmd(
         fail(str(e))
 
     async def go() -> dict[str, int]:
-        async with ToolManager.from_files(r.tools.mcp_configs) as manager:
+        async with ToolManager.from_recipe(r.tools) as manager:
             demos, stats = await generate_demos(tasks, manager, direct_fraction=direct_fraction, seed=seed,
                                                 system_prompt=r.rollout.system_prompt)
         write_jsonl(demos, out)

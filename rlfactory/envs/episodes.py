@@ -6,7 +6,7 @@ The registry bounds how many episodes are open (least recently used is evicted w
 closes an episode on request (`close` tool, trajectory end) or when its session goes away.
 
 Thread-safe: MCP servers run sync tools on worker threads. Each episode also carries its own lock, so two calls on
-the same episode never interleave. It knows nothing about MCP; `envs/tools/_env_server.py` does the wiring.
+the same episode never interleave. It knows nothing about MCP; `rlfactory/envs/mcp_server.py` does the wiring.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Task rows (JSONL) for training on the environment servers: one row per environment task id.
 
-    python -m rlfactory.envs.tasks --out envs/tools/data/tasks      (writes {env}_train.jsonl / {env}_val.jsonl)
+    python -m rlfactory.envs.tasks [--out DIR]      (writes {env}_train.jsonl / {env}_val.jsonl; default envs/tools/data/tasks)
 
 Each row: `{"id", "prompt", "answer": null, "env": {"server", "task_id"}}`. The AgentLoop opens the episode itself
 before the first turn (`env` names the server and task; rlfactory/rollout/env_glue.py) and shows the first
@@ -15,6 +15,10 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from rlfactory.envs.deepsearch import load_questions
+from rlfactory.envs.textcraft import TextCraftEnv
+from rlfactory.envs.tools import DATA_DIR
 
 # ScienceWorld's task names, in the simulator's order (so task ids match `rlfactory/envs/sciworld.py`).
 SCIWORLD_TASKS = (
@@ -40,7 +44,6 @@ SPLITS: dict[str, tuple[range, range]] = {
 
 
 def textcraft_prompt(task_id: int) -> str:
-    from rlfactory.envs.textcraft import TextCraftEnv
 
     goal = TextCraftEnv().reset(task_id).info["goal"]
     return (f"TextCraft task {task_id}: craft {goal}. The crafting commands are below. "
@@ -62,7 +65,6 @@ def sciworld_prompt(task_id: int) -> str:
 
 
 def deepsearch_prompt(task_id: int) -> str:
-    from rlfactory.envs.deepsearch import load_questions
 
     question = load_questions()[task_id % len(load_questions())]["question"]
     return (f"Deep Search task {task_id}: {question}\nSearch as often as you "
@@ -86,7 +88,7 @@ def task_rows(env: str, ids: range) -> list[dict[str, Any]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="envs/tools/data/tasks")
+    p.add_argument("--out", default=str(DATA_DIR / "tasks"))
     p.add_argument("--envs", default=",".join(SPLITS))
     args = p.parse_args()
     out = Path(args.out)

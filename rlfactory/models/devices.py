@@ -5,6 +5,8 @@ import logging
 import os
 from typing import Any
 
+import torch
+
 from rlfactory.errors import RLFactoryError
 
 logger = logging.getLogger(__name__)
@@ -12,8 +14,6 @@ logger = logging.getLogger(__name__)
 
 def resolve_device(device: Any = None) -> Any:
     """`None`/"auto" -> cuda when available, else cpu."""
-    import torch  # noqa: PLC0415
-
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -33,7 +33,6 @@ def avoid_cudnn_attention(device: Any) -> bool:
     cuDNN attention, 45 ms without. PyTorch then uses flash or memory-efficient attention, which take any length.
     Set RLFACTORY_CUDNN_ATTENTION=1 to leave PyTorch's choice alone.
     """
-    import torch  # noqa: PLC0415
 
     if torch.device(device).type != "cuda" or os.environ.get(CUDNN_ATTENTION_ENV) == "1":
         return False
@@ -46,8 +45,6 @@ def avoid_cudnn_attention(device: Any) -> bool:
 
 def resolve_dtype(dtype: Any) -> Any:
     """"float32" / "bfloat16" / "float16" / a torch.dtype -> torch.dtype."""
-    import torch  # noqa: PLC0415
-
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

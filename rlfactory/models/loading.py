@@ -7,14 +7,24 @@ Left out: quantisation and sharding (the verl engine owns those at scale); downl
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlfactory.errors import ConfigError, RLFactoryError
+from rlfactory.models.devices import resolve_device, resolve_dtype
+from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
+from rlfactory.recipe.training import TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+
+logger = logging.getLogger(__name__)
 
 
 def load_model(path: str | Path, dtype: Any = "float32", device: Any = None) -> Any:
     """Load a causal LM from an HF model directory (or a hub id when online), in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
     torch_dtype = resolve_dtype(dtype)
     target = resolve_device(device)
     local = Path(path)
@@ -33,22 +43,18 @@ def load_model(path: str | Path, dtype: Any = "float32", device: Any = None) -> 
 
 def is_tiny_random(recipe: Any) -> bool:
     """Whether the recipe's model is the built-in random tiny Qwen3 (`model.path: tiny-random`)."""
-    from rlfactory.recipe.training import TINY_RANDOM_MODEL
-
     return recipe.model.path == TINY_RANDOM_MODEL
 
 
 def load_tokenizer(recipe: Any, model_path: str | Path | None = None) -> Any:
     """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template.
     A `tiny-random` model uses the offline Qwen3 tokenizer (also for its checkpoints, which hold no tokenizer)."""
-    from rlfactory.models.tokenizer import attach_chat_template, load_qwen_tokenizer
 
     path = recipe.tokenizer.path or ("qwen3-offline" if is_tiny_random(recipe)
                                      else str(model_path or recipe.model.path))
     if path == "qwen3-offline":
         tok = load_qwen_tokenizer()
     else:
-        from transformers import AutoTokenizer
 
         try:
             tok = AutoTokenizer.from_pretrained(path)
@@ -71,10 +77,6 @@ def pad_id_of(tokenizer: Any) -> int:
 
 def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) -> Any:
     """The policy: the HF model in the recipe's dtype on `device`, wrapped in a LoRA adapter when enabled."""
-    import torch
-
-    from rlfactory.models.loading import load_model
-
     dtype = recipe.model.dtype
     if dtype == "auto":
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
@@ -106,10 +108,6 @@ def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) 
 def build_tiny_random(recipe: Any, dtype: Any, device: Any) -> Any:
     """`model.path: tiny-random`: a random tiny Qwen3 with Qwen3's vocabulary (so the offline Qwen3 tokenizer's ids
     fit) and TINY_RANDOM_POSITIONS positions, seeded by `trainer.seed` (a resumed run then loads its checkpoint)."""
-    from rlfactory.models.devices import resolve_dtype
-    from rlfactory.models.tiny import build_tiny_qwen3
-    from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE
-    from rlfactory.recipe.training import TINY_RANDOM_POSITIONS
 
     model = build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=recipe.trainer.seed,
                              max_position_embeddings=TINY_RANDOM_POSITIONS)

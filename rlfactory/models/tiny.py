@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
 # Qwen3's real ids for the tokens a generation loop needs; only set on configs whose vocab contains them.
 QWEN3_BOS_ID = 151643  # <|endoftext|>, also Qwen's pad token
 QWEN3_EOS_ID = 151645  # <|im_end|>
@@ -31,7 +34,6 @@ def tiny_qwen3_config(
     Embeddings are untied by default: a random model with tied embeddings greedily repeats its last input token
     (logits ~ h . E with h dominated by that token's embedding), which makes greedy checks meaningless.
     """
-    from transformers import Qwen3Config  # noqa: PLC0415
 
     if heads % kv_heads:
         raise ValueError(f"tiny_qwen3_config: heads ({heads}) must be divisible by kv_heads ({kv_heads})")
@@ -62,8 +64,6 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
 
     `overrides` go to `tiny_qwen3_config` (hidden_size, num_layers, heads, kv_heads, ...).
     """
-    import torch  # noqa: PLC0415
-    from transformers import Qwen3ForCausalLM  # noqa: PLC0415
 
     config = tiny_qwen3_config(vocab_size, **overrides)
     with torch.random.fork_rng(devices=[]):

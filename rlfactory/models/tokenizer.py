@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from tokenizers import AddedToken, normalizers
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from rlfactory.errors import RLFactoryError
 
@@ -97,9 +103,6 @@ def attach_chat_template(tokenizer: Any) -> Any:
 
 def _build_backend() -> Any:
     """Build the `tokenizers.Tokenizer` (BPE + Qwen pre-tokenizer + added tokens) from qwen.tiktoken."""
-    from tokenizers import AddedToken, normalizers  # noqa: PLC0415
-    from transformers.convert_slow_tokenizer import TikTokenConverter  # noqa: PLC0415
-
     converter = TikTokenConverter(vocab_file=str(qwen_tiktoken_path()), pattern=QWEN_PRETOKENIZE_REGEX)
     backend = converter.converted()  # byte-level BPE, Split(regex) + ByteLevel, ByteLevel decoder
     # tiktoken looks a whole pre-token up before merging; ignore_merges does the same (the converter sets it).
@@ -126,7 +129,6 @@ def _build_backend() -> Any:
 def _wrap(tokenizer_json: Path) -> Any:
     """A `PreTrainedTokenizerFast` over a saved backend (read straight from the file: `from_pretrained` and
     `tokenizer_object=` both deep-copy the 151k-merge BPE, several times slower)."""
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
 
     specials = [c for _, c, special in QWEN3_ADDED_TOKENS if special and c != "<|endoftext|>"]
     return PreTrainedTokenizerFast(
@@ -165,7 +167,6 @@ def load_qwen_tokenizer(cache_dir: str | os.PathLike | None = None, *, rebuild: 
         if _save_atomically(backend, cache):
             tok = _wrap(cache / "tokenizer.json")
         else:
-            import tempfile  # noqa: PLC0415
 
             with tempfile.TemporaryDirectory() as tmp:
                 backend.save(str(Path(tmp) / "tokenizer.json"))
@@ -176,9 +177,6 @@ def load_qwen_tokenizer(cache_dir: str | os.PathLike | None = None, *, rebuild: 
 
 def _save_atomically(backend: Any, cache: Path) -> bool:
     """Save into a temp dir then rename, so concurrent processes never read a half-written cache."""
-    import shutil  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))

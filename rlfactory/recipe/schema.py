@@ -10,6 +10,7 @@ functions); `rlfactory/preflight.py` runs those, so that building a Recipe stays
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,9 +139,29 @@ class Recipe(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+PACKAGE_PATH_PREFIX = "pkg://"
+"""`pkg://PACKAGE/path/in/it`: a file shipped inside an installed package, e.g.
+`pkg://rlfactory.envs.tools/data/tasks/textcraft_train.jsonl`, so a recipe finds the environments' task rows from a
+checkout, an installed wheel or a folder made by `rlfactory init` alike."""
+
+
 def _abs(p: str, base: Path) -> str:
+    if p.startswith(PACKAGE_PATH_PREFIX):
+        return str(package_path(p))
     q = Path(p).expanduser()
     return str(q if q.is_absolute() else (base / q).resolve())
+
+
+def package_path(ref: str) -> Path:
+    """The file a `pkg://PACKAGE/rest` reference names (see PACKAGE_PATH_PREFIX)."""
+    package, _, rest = ref[len(PACKAGE_PATH_PREFIX):].partition("/")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"{ref}: no installed package {package!r} (a pkg:// path is pkg://PACKAGE/path/in/it)")
+    return Path(next(iter(spec.submodule_search_locations))) / rest
 
 
 def resolve_model_path(p: str, base: Path) -> str:

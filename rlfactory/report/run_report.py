@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.models.loading import load_tokenizer
+from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import read_metrics
 from rlfactory.report.plots import plot_rewards
 from rlfactory.report.transcripts import load_transcripts
+from rlfactory.report.viewer import write_html
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +23,6 @@ logger = logging.getLogger(__name__)
 def _run_tokenizer(run: Path) -> Any | None:
     """The run's tokenizer (from the resolved recipe.yaml it saved, loaded as training loads it), so the viewer shows
     token texts; None if it cannot be loaded (the viewer then shows token ids)."""
-    from rlfactory.models.loading import load_tokenizer
-    from rlfactory.recipe.schema import Recipe
 
     try:
         return load_tokenizer(Recipe.from_yaml(run / "recipe.yaml"))
@@ -32,8 +33,6 @@ def _run_tokenizer(run: Path) -> Any | None:
 
 def write_report(run_dir: str | Path, *, tokenizer: Any | None = None) -> list[Path]:
     """Regenerate `reward_curve.png` and `transcripts.html` (plus `eval.html` when eval transcripts exist)."""
-    from rlfactory.report.viewer import write_html
-
     run = Path(run_dir)
     if not run.is_dir():
         raise RLFactoryError(f"{run}: not a folder (pass the run folder written by `rlfactory train`)")

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from rlfactory.rollout.trajectory import Trajectory
 
 
 def save_transcripts(path: Path, trajectories: list[Any]) -> None:
@@ -13,7 +16,6 @@ def save_transcripts(path: Path, trajectories: list[Any]) -> None:
 
 
 def load_transcripts(folder: Path) -> list[Any]:
-    from rlfactory.rollout.trajectory import Trajectory
 
     out = []
     for f in sorted(folder.glob("*.jsonl")):

@@ -60,7 +60,16 @@ class RewardFn:
 
 
 def _import_attr(module_name: str, attr: str) -> Any:
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == "rewards" and (module_name == "rewards" or module_name.startswith("rewards.")):
+            # The shipped reward modules used to install as a top-level `rewards` package.
+            new = f"rlfactory.{module_name}:{attr}"
+            registered = f" or the registered name '{attr}'" if attr in REGISTRY else ""
+            raise LookupError(f"'{module_name}:{attr}': the shipped reward functions live in rlfactory.rewards now; "
+                              f"use '{new}'{registered}") from None
+        raise
     if not hasattr(module, attr):
         raise AttributeError(f"module '{module_name}' has no attribute '{attr}'")
     return getattr(module, attr)
@@ -151,7 +160,7 @@ def load_reward_functions(cfg: RewardsConfig, base_dir: Path) -> tuple[list[Rewa
     problems: list[str] = []
     seen: dict[str, str] = {}
     for i, spec in enumerate(cfg.functions):
-        where = f"rlfactory.rewards.functions[{i}]"
+        where = f"rewards.functions[{i}]"
         if not math.isfinite(spec.weight):
             problems.append(f"{where}.weight: {spec.weight} is not a finite number")
         try:

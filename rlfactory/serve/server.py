@@ -23,10 +23,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoTokenizer
+
+from rlfactory.errors import RLFactoryError
+from rlfactory.models.devices import resolve_device
+from rlfactory.models.loading import load_model
+from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
+from rlfactory.rollout.engines.hf import HFEngine
+from rlfactory.rollout.engines.protocol import SamplingParams
+from rlfactory.tools.format import OPEN_TAG, parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +48,6 @@ _UNSUPPORTED = ("logprobs", "logit_bias", "response_format")
 
 class ChatRequest(BaseModel):
     """The part of OpenAI's chat-completions request this server honours."""
-
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -60,7 +70,6 @@ class ChatRequest(BaseModel):
 
 class RequestError(ValueError):
     """A request this server cannot answer; becomes HTTP `status` with an OpenAI-style error body."""
-
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
@@ -79,8 +88,6 @@ def _normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def split_reply(text: str) -> tuple[str | None, str, list[dict[str, Any]]]:
     """(reasoning_content, content, tool_calls) from generated text in the Qwen3 format."""
-    from rlfactory.tools.format import OPEN_TAG, parse_tool_calls  # noqa: PLC0415
-
     reasoning = None
     if "</think>" in text:
         head, text = text.split("</think>", 1)
@@ -98,10 +105,8 @@ def split_reply(text: str) -> tuple[str | None, str, list[dict[str, Any]]]:
 
 class ChatServer:
     """The engine, tokenizer and bookkeeping behind the HTTP app."""
-
     def __init__(self, model: Any, tokenizer: Any, model_name: str, *, max_batch_size: int = 64,
                  default_max_tokens: int = 512):
-        from rlfactory.rollout.engines.hf import HFEngine  # noqa: PLC0415
 
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.default_max_tokens = default_max_tokens
@@ -135,8 +140,6 @@ class ChatServer:
 
     def _pick_choice(self, prompt_ids: list[int], choices: list[str], temperature: float, seed: int | None) -> str:
         """Score each choice (its tokens + end of turn) by total logprob given the prompt; runs in a thread."""
-        import torch  # noqa: PLC0415
-
         seqs = [self.tokenizer.encode(c, add_special_tokens=False) + [self.eos_ids[0]] for c in choices]
         width = len(prompt_ids) + max(len(s) for s in seqs)
         device = next(self.model.parameters()).device
@@ -167,8 +170,6 @@ class ChatServer:
 
     async def complete(self, req: ChatRequest) -> dict[str, Any]:
         """Answer one chat-completions request (all `n` choices generated concurrently, batched by the engine)."""
-        from rlfactory.rollout.engines.protocol import SamplingParams  # noqa: PLC0415
-
         self.requests += 1
         bad = [f for f in _UNSUPPORTED if (req.model_extra or {}).get(f) not in (None, False)]
         if bad:
@@ -291,11 +292,6 @@ def load_server(model: str, *, tokenizer: str | None = None, seed: int = 0, devi
 
     `tokenizer`: a tokenizer dir, or `qwen3-offline`; default: the model dir's own tokenizer, else qwen3-offline.
     """
-    from rlfactory.errors import RLFactoryError  # noqa: PLC0415
-    from rlfactory.models.devices import resolve_device
-    from rlfactory.models.loading import load_model
-    from rlfactory.models.tiny import build_tiny_qwen3  # noqa: PLC0415
-    from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
 
     if model == TINY_RANDOM:
         tok = load_qwen_tokenizer() if tokenizer in (None, "qwen3-offline") else None
@@ -309,7 +305,6 @@ def load_server(model: str, *, tokenizer: str | None = None, seed: int = 0, devi
         has_own = (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
         tok = load_qwen_tokenizer() if tokenizer == "qwen3-offline" or (tokenizer is None and not has_own) else None
     if tok is None:
-        from transformers import AutoTokenizer  # noqa: PLC0415
 
         src = tokenizer or model
         try:

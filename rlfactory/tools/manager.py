@@ -31,10 +31,11 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 from rlfactory.errors import ToolServerError
+from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, ToolCache, cache_key
 from rlfactory.tools.cache.single_flight import SingleFlight, cached_call
 from rlfactory.tools.mcp_client import error_result
-from rlfactory.tools.mcp_configs import ServerConfig, load_mcp_configs
+from rlfactory.tools.mcp_configs import ServerConfig, load_mcp_configs, load_recipe_servers
 from rlfactory.tools.server import ToolServer
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
@@ -148,6 +149,11 @@ class ToolManager:
                    **kwargs: Any) -> "ToolManager":
         """A manager for the servers of one or more `mcpServers` JSON files (validated now, started on enter)."""
         return cls(load_mcp_configs(paths), cache, **kwargs)
+
+    @classmethod
+    def from_recipe(cls, tools: ToolsConfig, cache: ToolCache | None = None, **kwargs: Any) -> "ToolManager":
+        """A manager for the servers a recipe's `tools:` section names (`mcp_configs`, `servers`, `server_settings`)."""
+        return cls(load_recipe_servers(tools), cache, **kwargs)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     async def __aenter__(self) -> "ToolManager":

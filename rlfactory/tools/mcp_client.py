@@ -19,6 +19,9 @@ import uuid
 from contextlib import AsyncExitStack
 from typing import Any
 
+import psutil
+from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's client with MCP's timeouts
+
 try:
     from builtins import BaseExceptionGroup
 except ImportError:  # Python 3.10: anyio depends on the backport
@@ -150,7 +153,6 @@ class MCPConnection:
             self.lost = True
 
     def _http_transport(self, stack: AsyncExitStack) -> Any:
-        from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's client with MCP's timeouts
 
         client = create_mcp_http_client(headers=dict(self.cfg.headers) or None)
         stack.push_async_callback(client.aclose)
@@ -270,7 +272,6 @@ class MCPConnection:
         if self.cfg.transport != "stdio" or self.session is None:
             return None
         if self._pid is None:
-            import psutil
 
             me = psutil.Process()
             # direct children first: a wrapper command (npx, uvx, a shell) passes the tag on to its own children

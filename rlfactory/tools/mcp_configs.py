@@ -2,7 +2,7 @@
 
 ```json
 {"mcpServers": {
-    "calculator": {"command": "python", "args": ["envs/tools/calculator.py"], "cwd": "..",
+    "calculator": {"command": "python", "args": ["-m", "rlfactory.envs.tools.calculator"],
                    "rlfactory": {"max_concurrency": 16, "tool_timeout_s": 10}},
     "remote":     {"url": "http://127.0.0.1:8931/mcp", "headers": {"Authorization": "Bearer …"}}
 }}
@@ -22,7 +22,9 @@ Left out: starting servers (`server.py` / `manager.py`) and SSE transport (depre
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import importlib.util
 import json
 import os
 import shutil
@@ -35,7 +37,7 @@ from urllib.parse import urlparse
 from pydantic import ValidationError
 
 from rlfactory.errors import ConfigError
-from rlfactory.recipe.tools import ServerSettings
+from rlfactory.recipe.tools import ServerSettings, ToolsConfig
 
 _STDIO_KEYS = {"command", "args", "env", "cwd"}
 _HTTP_KEYS = {"url", "headers"}
@@ -195,10 +197,31 @@ def _parse_server(name: str, raw: Any, base: Path, source: str, problems: list[s
                 f"{where}.args[{i}]: file {arg!r} not found in {cwd} "
                 "(relative args resolve against 'cwd', which defaults to the config file's directory)"
             )
+    module = _run_module(args) if command in _PYTHON_NAMES else None  # another interpreter: its modules, not ours
+    if module is not None and not _module_exists(module):
+        problems.append(f"{where}.args: `python -m {module}`: no such module in this Python ({sys.executable}); "
+                        f"install the package that provides it, or fix the name")
     if len(problems) > before or exe is None:
         return None
     return ServerConfig(name, source, "stdio", command=exe, args=tuple(args), env=env, cwd=str(cwd),
                         settings=settings)
+
+
+def _run_module(args: list[str]) -> str | None:
+    """The module of `python -m MODULE ...` (None when the args do not run one)."""
+    for i, arg in enumerate(args):
+        if arg == "-m":
+            return args[i + 1] if i + 1 < len(args) else None
+        if not arg.startswith("-"):
+            return None  # a script path comes first: python runs that
+    return None
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
 
 
 def load_mcp_config(path: str | os.PathLike[str]) -> dict[str, ServerConfig]:
@@ -252,6 +275,33 @@ def load_mcp_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Serve
                 )
             merged[name] = cfg
     return merged
+
+
+def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
+    """The servers a recipe's `tools:` section asks for: the files' servers, only those named in `tools.servers`
+    (when given), with `tools.server_settings` applied. One ConfigError lists every problem."""
+    servers = load_mcp_configs(tools.mcp_configs)
+    problems: list[str] = []
+    known = ", ".join(sorted(servers)) or "none"
+    chosen = dict(servers)
+    if tools.servers is not None:
+        chosen = {}
+        for name in tools.servers:
+            if name in servers:
+                chosen[name] = servers[name]
+            else:
+                close = difflib.get_close_matches(name, list(servers), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"tools.servers: no server {name!r} in tools.mcp_configs ({hint}servers there: {known})")
+    for name, patch in tools.server_settings.items():
+        if name not in chosen:
+            problems.append(f"tools.server_settings.{name}: no such server among those used ({', '.join(chosen) or 'none'})")
+            continue
+        cfg = chosen[name]
+        chosen[name] = dataclasses.replace(cfg, settings=cfg.settings.model_copy(update=patch.model_dump(exclude_none=True)))
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems in tools", problems=problems)
+    return chosen
 
 
 def default_config_paths(root: str | os.PathLike[str] = ".") -> list[Path]:

@@ -7,7 +7,8 @@ at most `max_concurrency` in flight (semaphore) and optionally `rate_per_s` (asy
 Failure handling — failed calls are results, never exceptions:
 - crash: a connection that closes under a call (process killed, HTTP session dropped) fails its in-flight calls as
   `server_error` results and is restarted in the background with exponential backoff (0.1 s doubling to 10 s,
-  reset by a successful call); later calls wait for the restart (within their own timeout).
+  reset by a successful call); later calls wait for the restart (within the restart's own bounds), then run
+  with their own timeout.
 - hang: after a timeout the server is pinged; a server that does not answer is treated as crashed (killed,
   restarted), so a tool that blocks its server's event loop cannot wedge a run.
 
@@ -20,6 +21,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from asyncio_throttle import Throttler
 
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.mcp_client import ConnectionLost, MCPConnection, error_result
@@ -42,7 +45,6 @@ else:  # pragma: no cover - Python 3.10
 
 class _Slot:
     """One connection and its restart state."""
-
     __slots__ = ("conn", "ready", "restart_task", "health_task", "failures", "down_reason")
 
     def __init__(self, conn: MCPConnection):
@@ -88,7 +90,6 @@ class ToolServer:
         t0 = time.perf_counter()
         self._sem = asyncio.Semaphore(self.settings.max_concurrency)
         if self.settings.rate_per_s is not None:
-            from asyncio_throttle import Throttler
 
             rate = self.settings.rate_per_s
             limit = max(1, round(rate))
@@ -163,17 +164,21 @@ class ToolServer:
             return result
 
     async def _wait_ready(self, slot: _Slot, name: str) -> ToolResult | None:
-        """Wait (within the call's timeout) for a restart in progress; an error result if it does not come."""
+        """Wait for a restart in progress; an error result if it does not come back.
+
+        The wait is bounded by the restart's own limits (its backoff, then `startup_timeout_s`), not by the call's
+        `tool_timeout_s`: that one bounds the call once the server is up. A server's start-up time depends on the
+        machine's load; a call must not fail because the restart it waits for took longer than the call would."""
         if slot.down_reason is not None:
             return error_result(name, self.name, "server_error",
                                 f"Error: tool server '{self.name}' is down ({slot.down_reason})")
+        bound_s = BACKOFF_MAX_S + self.settings.startup_timeout_s
         try:
-            async with _timeout(self._timeout_s):
+            async with _timeout(bound_s):
                 await slot.ready.wait()
         except TimeoutError:
             return error_result(name, self.name, "timeout",
-                                f"Error: tool server '{self.name}' was restarting and not back within "
-                                f"{self._timeout_s:g} s")
+                                f"Error: tool server '{self.name}' was restarting and not back within {bound_s:g} s")
         return None
 
     # -- supervision -----------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ Left out: printing (`rlfactory/commands/tools.py`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,12 +23,17 @@ from typing import Any, Iterable
 
 from rlfactory.errors import ConfigError
 from rlfactory.recipe.tools import CacheConfig
+from rlfactory.starter import default_mcp_config
+from rlfactory.tools.cache.base import CACHE_URL_ENV
+from rlfactory.tools.cache.factory import make_cache
 from rlfactory.tools.mcp_configs import ServerConfig, default_config_paths, load_mcp_configs
 from rlfactory.tools.server import ToolServer
 from rlfactory.tools.types import ToolResult, ToolSpec
 
 _PROBE_VALUES = {"string": "1", "integer": 1, "number": 1, "boolean": False, "array": [], "object": {},
                  "null": None}
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,15 +86,20 @@ class SetupReport:
 
 
 def resolve_config_paths(paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[str] = ".") -> list[Path]:
-    """The given files, or every `mcp_configs/*.json` under `root` when none are given."""
+    """The given files; else every `mcp_configs/*.json` under `root`; else (outside a project, e.g. in an empty
+    folder after `pip install rlfactory`) the shipped `mcp_configs/default.json`."""
     given = [Path(p) for p in paths]
     if given:
         return given
     found = default_config_paths(root)
-    if not found:
-        raise ConfigError(f"no mcpServers files given and none found in {Path(root, 'mcp_configs')}; "
-                          "pass one, e.g. `rlfactory setup-mcp mcp_configs/default.json`")
-    return found
+    if found:
+        return found
+    shipped = default_mcp_config()
+    if shipped.is_file():
+        logger.info("no mcp_configs/ here: using the shipped %s", shipped)
+        return [shipped]
+    raise ConfigError(f"no mcpServers files given and none found in {Path(root, 'mcp_configs')}; "
+                      "pass one, e.g. `rlfactory setup-mcp mcp_configs/default.json`")
 
 
 def probe_arguments(spec: ToolSpec) -> dict[str, Any] | None:
@@ -161,8 +172,6 @@ async def check_server(cfg: ServerConfig, *, probe: bool = True, extra_env: dict
 
 async def check_cache(cfg: CacheConfig, default_path: str | Path) -> tuple[CacheReport, Any]:
     """Start the configured cache and round-trip one value; returns the report and the started cache (or None)."""
-    from rlfactory.tools.cache.factory import make_cache
-
     if cfg.backend == "none":
         return CacheReport("none", True, "caching disabled"), None
     cache = make_cache(cfg, default_path)
@@ -192,7 +201,6 @@ async def run_setup(paths: Iterable[str | os.PathLike[str]], cache_cfg: CacheCon
     if cache_cfg is not None:
         cache_report, cache = await check_cache(cache_cfg, cache_path)
         if cache is not None and cache.url:
-            from rlfactory.tools.cache.base import CACHE_URL_ENV
 
             env[CACHE_URL_ENV] = cache.url
     try:

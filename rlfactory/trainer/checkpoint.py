@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from rlfactory.errors import RLFactoryError
 
@@ -120,8 +121,6 @@ def is_peft(model: Any) -> bool:
 
 def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: Any | None) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG states in place; return the trainer state."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise RLFactoryError(f"{path} is not a complete checkpoint (no {STATE_FILE})")

@@ -8,13 +8,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
+
 from rlfactory.errors import RLFactoryError
+from rlfactory.trainer.checkpoint import is_peft, model_dir_of
 from rlfactory.trainer.loop import LocalTrainer
+from rlfactory.trainer.wiring import open_rollout_side
 
 
 async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir: str | Path | None) -> dict:
-    from rlfactory.trainer.checkpoint import is_peft, model_dir_of
-    from rlfactory.trainer.wiring import open_rollout_side
 
     src = model_dir_of(checkpoint) if checkpoint is not None else None
     full_model = src is not None and src.name != "adapter"
@@ -27,7 +29,6 @@ async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir
             raise RLFactoryError(f"{checkpoint} holds a LoRA adapter but the recipe has model.lora.enabled: false; "
                                  f"pass --set model.lora.enabled=true")
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         set_peft_model_state_dict(trainer.model, load_file(str(src / "adapter_model.safetensors")))
     async with open_rollout_side(recipe, trainer.model, trainer.tokenizer, trainer.device, trainer.out) as side:

@@ -18,14 +18,40 @@ Left out: multi-GPU (use `engine: verl`), sequence packing, async/off-policy rol
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import math
 import random
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+import torch
+
+from rlfactory.algorithms.grpo import (
+    actor_config,
+    build_batch,
+    compute_advantages,
+    policy_loss,
+    response_logprobs,
+    set_global_batch,
+)
+from rlfactory.data.tasks import TaskSampler, load_tasks
+from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
+from rlfactory.models.loading import load_policy, load_tokenizer, pad_id_of
+from rlfactory.report.metrics import MetricsLog
+from rlfactory.report.run_report import write_report
+from rlfactory.report.transcripts import save_transcripts
+from rlfactory.rollout.agent_loop import mix_seed
+from rlfactory.rollout.engines.protocol import SamplingParams
+from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
+from rlfactory.scoring.pass_at_k import pass_at_k
+from rlfactory.trainer.checkpoint import is_peft, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlfactory.trainer.progress import StepProgress
+from rlfactory.trainer.wiring import open_rollout_side
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +61,6 @@ NON_DETERMINISTIC_PREFIXES = ("perf/", "time/")
 
 class StageTimer:
     """Seconds per named stage of one step: `with timer("rollout"): ...` -> metrics `perf/rollout_s`."""
-
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
@@ -67,24 +92,17 @@ def _engine_busy_s(engine: Any) -> float:
 
 
 def _step_seed(seed: int, step: int, salt: int) -> int:
-    from rlfactory.rollout.agent_loop import mix_seed
 
     return mix_seed(seed, step, salt)
 
 
 class LocalTrainer:
     """Holds the model, optimizer and run state; `await run()` trains. Built by `train_local(recipe)`."""
-
     def __init__(self, recipe: Any, *, resume: bool = False, progress: bool = False,
                  model_path: str | Path | None = None, for_eval: bool = False):
         """`model_path` replaces `model.path` (a checkpoint's model folder, for eval); `for_eval` skips the
         reference model."""
-        import torch
 
-        from rlfactory.algorithms.grpo import actor_config
-        from rlfactory.data.tasks import TaskSampler, load_tasks
-        from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
-        from rlfactory.models.loading import load_policy, load_tokenizer
 
         self.recipe = r = recipe
         self.progress = progress
@@ -118,11 +136,9 @@ class LocalTrainer:
         kl = self.recipe.algorithm.kl
         if not (kl.use_reference and kl.coef > 0):
             return None
-        from rlfactory.trainer.checkpoint import is_peft
 
         if is_peft(self.model):
             return "adapter-disabled"  # the base weights under the adapter are the frozen reference
-        import copy
 
         ref = copy.deepcopy(self.model).eval()
         for p in ref.parameters():
@@ -131,7 +147,6 @@ class LocalTrainer:
 
     # ----------------------------------------------------------------------------------------------- run folder
     def _prepare_run_dir(self) -> dict[str, Any] | None:
-        from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint
 
         self.out.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.out) if self.resume else None
@@ -141,7 +156,6 @@ class LocalTrainer:
             if (self.out / "metrics.jsonl").exists():
                 logger.warning("starting a fresh run in %s: the previous run's metrics and checkpoints are "
                                "replaced (pass --resume to continue it)", self.out)
-            import shutil
 
             for name in ("metrics.jsonl", "summary.json", "tensorboard", "transcripts", "checkpoints", "eval"):
                 p = self.out / name
@@ -164,8 +178,6 @@ class LocalTrainer:
         return state
 
     def _save(self) -> Path:
-        from rlfactory.rollout.horizon import stage_for_step
-        from rlfactory.trainer.checkpoint import save_checkpoint
 
         state = {"data": self.sampler.state(), "horizon_stage": stage_for_step(self.recipe.rollout.horizon,
                                                                                 max(self.step - 1, 0)),
@@ -177,17 +189,6 @@ class LocalTrainer:
     # --------------------------------------------------------------------------------------------------- update
     def _update(self, trajs: list[Any]) -> dict[str, float]:
         """GRPO advantages, then ppo_epochs x mini-batches of micro-batched forward/backward and an optimizer step."""
-        import torch
-
-        from rlfactory.algorithms.grpo import (
-            build_batch,
-            compute_advantages,
-            policy_loss,
-            response_logprobs,
-            set_global_batch,
-        )
-        from rlfactory.models.loading import pad_id_of
-
         r = self.recipe
         a = r.algorithm
         # A failed rollout is data, not a training signal: keep it in its group's statistics but train none of it.
@@ -263,9 +264,7 @@ class LocalTrainer:
         return out
 
     def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
-        import torch
 
-        from rlfactory.algorithms.grpo import response_logprobs
 
         if self.ref_model is None:
             return None
@@ -278,12 +277,6 @@ class LocalTrainer:
     # ------------------------------------------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
         """Train until `trainer.total_steps`; return the summary (also written to summary.json)."""
-        from rlfactory.report.metrics import MetricsLog
-        from rlfactory.report.run_report import write_report
-        from rlfactory.report.transcripts import save_transcripts
-        from rlfactory.rollout.horizon import horizon_for_step, stage_for_step
-        from rlfactory.trainer.wiring import open_rollout_side
-
         r, t = self.recipe, self.recipe.trainer
         self._prepare_run_dir()
         start_step = self.step
@@ -351,11 +344,6 @@ class LocalTrainer:
 
     async def evaluate(self, side: Any, *, tag: str = "eval", k: int | None = None) -> dict[str, Any]:
         """Mean reward and pass@k on the validation tasks with the current weights; transcripts saved."""
-        from rlfactory.report.transcripts import save_transcripts
-        from rlfactory.rollout.engines.protocol import SamplingParams
-        from rlfactory.rollout.horizon import max_horizon
-        from rlfactory.scoring.pass_at_k import pass_at_k
-
         t = self.recipe.trainer
         k = k or t.eval_samples_per_prompt
         base = side.loop.default_sampling()

@@ -12,13 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from rlfactory.models.loading import pad_id_of
+from rlfactory.rollout.agent_loop import AgentLoop
+from rlfactory.rollout.chat import ChatFormat
+from rlfactory.rollout.engines.hf import HFEngine
+from rlfactory.scoring.rewardset import RewardSet
+from rlfactory.tools.cache.factory import make_cache
+from rlfactory.tools.manager import ToolManager
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RolloutSide:
     """Everything a training step needs to produce scored trajectories."""
-
     tokenizer: Any
     chat: Any
     engine: Any
@@ -33,16 +40,12 @@ async def start_tool_side(recipe: Any, tokenizer: Any, run_dir: str | Path) -> t
     ChatFormat: built the same way for the local engine and for verl's agent-loop workers. The embedded cache's file
     lives in `run_dir`. On failure, whatever was started is stopped again; else the caller stops it
     (`close_tool_side`)."""
-    from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.scoring.rewardset import RewardSet
-    from rlfactory.tools.cache.factory import make_cache
-    from rlfactory.tools.manager import ToolManager
 
     cache = tools = None
     try:
         if recipe.tools.mcp_configs:
             cache = make_cache(recipe.tools.cache, Path(run_dir) / "tool_cache.rdb")
-            tools = ToolManager.from_files(recipe.tools.mcp_configs, cache=cache)
+            tools = ToolManager.from_recipe(recipe.tools, cache=cache)
             await tools.start()
         rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
         chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,
@@ -67,9 +70,6 @@ async def close_tool_side(tools: Any | None, cache: Any | None) -> None:
 async def open_rollout_side(recipe: Any, model: Any, tokenizer: Any, device: Any,
                             run_dir: str | Path) -> AsyncIterator[RolloutSide]:
     """Start the tool servers and the engine; stop both on exit (also on errors and Ctrl-C)."""
-    from rlfactory.rollout.agent_loop import AgentLoop
-    from rlfactory.rollout.engines.hf import HFEngine
-
     cache = tools = engine = None
     try:
         cache, tools, rewards, chat = await start_tool_side(recipe, tokenizer, run_dir)

@@ -25,9 +25,17 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+from pydantic import TypeAdapter
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
+from rlfactory.models.loading import load_tokenizer
+from rlfactory.recipe.rollout import HorizonConfig
+from rlfactory.recipe.schema import Recipe
+from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
+from rlfactory.rollout.horizon import horizon_for_step
+from rlfactory.trainer.wiring import close_tool_side, start_tool_side
 from rlfactory.verl.reward import score_fields
 
 logger = logging.getLogger(__name__)
@@ -90,8 +98,6 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
     async with lock:
         if key in _STATES:
             return _STATES[key]
-        from rlfactory.models.loading import load_tokenizer
-        from rlfactory.trainer.wiring import start_tool_side
 
         recipe = Recipe.from_yaml(recipe_path, base_dir=recipe_base_dir)
         cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir)
@@ -103,8 +109,6 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
 
 async def close_worker_states() -> None:
     """Stop the tool servers (and caches) this process started on the running event loop."""
-    from rlfactory.trainer.wiring import close_tool_side
-
     loop_id = id(asyncio.get_running_loop())
     for key in [k for k in _STATES if k[1] == loop_id]:
         st = _STATES.pop(key)
@@ -154,15 +158,12 @@ def next_sample_index(group_id: str) -> int:
 
 def horizon_at(horizon_cfg: Any, global_steps: Any) -> int:
     """Max assistant turns at verl's `global_steps` (1-based; absent on verl's v0 trainer -> the first stage)."""
-    from rlfactory.rollout.horizon import horizon_for_step
-
     step = 0 if global_steps is None else max(int(_plain(global_steps)) - 1, 0)
     return horizon_for_step(horizon_cfg, step)
 
 
 class RLFactoryAgentLoop(AgentLoopBase):
     """One sample of verl's batch rolled out by rlfactory's AgentLoop (see the module docstring)."""
-
     def __init__(self, *args: Any, recipe_path: str, recipe_base_dir: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.recipe_path = recipe_path
@@ -175,17 +176,13 @@ class RLFactoryAgentLoop(AgentLoopBase):
         """The schedule from verl's config (`rollout.custom.rlfactory.horizon`), else the recipe's."""
         if not self.horizon_cfg_raw:
             return recipe.rollout.horizon
-        from omegaconf import DictConfig, OmegaConf
-        from pydantic import TypeAdapter
 
-        from rlfactory.recipe.rollout import HorizonConfig
 
         raw = self.horizon_cfg_raw
         raw = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw)
         return TypeAdapter(HorizonConfig).validate_python(raw)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        from rlfactory.rollout.agent_loop import AgentLoop
 
         st = await worker_state(self.recipe_path, self.recipe_base_dir)
         task = task_from_sample(kwargs)

@@ -30,6 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import verl
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+
 from rlfactory.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +76,6 @@ VERL_TO_RECIPE: dict[str, str] = {
 @dataclass
 class VerlFiles:
     """Where the verl run's inputs live (all written by `verl_engine.prepare`)."""
-
     output_dir: Path
     recipe: Path
     """The resolved recipe (absolute paths) the agent loop and reward bridge load in every Ray worker."""
@@ -299,18 +306,12 @@ def to_overrides(settings: dict[str, Any]) -> list[str]:
 
 
 def verl_config_dir() -> str:
-    import verl
 
     return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
 
 def compose(overrides: list[str], *, extra: list[str] | None = None) -> Any:
     """verl's `ppo_trainer` config with our overrides, then the recipe's `verl.extra_overrides` (they win)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
             return hydra_compose("ppo_trainer", overrides=list(overrides) + list(extra or []))
@@ -327,8 +328,6 @@ def _recipe_fields_in(message: str) -> list[str]:
 def validate(cfg: Any, recipe: Any) -> list[str]:
     """verl's own checks on the composed config; raises ConfigError naming the recipe fields behind verl's keys.
     Returns warnings (e.g. the model section not checked because the model folder is absent)."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     warnings: list[str] = []
     sections = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),

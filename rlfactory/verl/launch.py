@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 import yaml
+from omegaconf import OmegaConf
 
+from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config
 
@@ -34,7 +39,6 @@ logger = logging.getLogger(__name__)
 @dataclass
 class VerlPrepared:
     """What a dry run wrote and checked."""
-
     files: VerlFiles
     config: Any
     """verl's composed DictConfig."""
@@ -73,8 +77,6 @@ def verl_rows(tasks: list[dict[str, Any]], data_source: str) -> list[dict[str, A
 
 
 def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -83,10 +85,6 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- prepare
 def prepare(recipe: Any, output_dir: str | Path | None = None, *, resume: bool = False) -> VerlPrepared:
     """Write the run folder's verl inputs and check them against verl's schema (no GPU, nothing started)."""
-    from omegaconf import OmegaConf
-
-    from rlfactory.data.tasks import load_tasks
-
     out = Path(output_dir or recipe.trainer.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if str(out) != str(Path(recipe.trainer.output_dir).resolve()):
@@ -120,8 +118,6 @@ def prepare(recipe: Any, output_dir: str | Path | None = None, *, resume: bool =
 # ------------------------------------------------------------------------------------------------------ launch
 def check_runtime(recipe: Any) -> None:
     """Fail before Ray starts when this machine cannot run verl: no CUDA GPUs (local Ray) or no vLLM."""
-    import torch
-
     if importlib.util.find_spec("vllm") is None and recipe.verl.rollout_name == "vllm":
         raise RLFactoryError("engine verl: vLLM is not installed (verl's rollout servers need it). Install the GPU "
                              "extra (`pip install 'vllm==0.24.*'` beside verl 0.9.1 on a CUDA machine), or check the "
@@ -180,7 +176,6 @@ def launch(prepared: VerlPrepared, recipe: Any) -> None:
     """Start Ray (local, or connect to `verl.ray_address`) and run verl's trainer until it finishes."""
     check_runtime(recipe)
     import ray
-    from omegaconf import OmegaConf
     from verl.trainer.main_ppo import run_ppo
 
     cfg = prepared.config

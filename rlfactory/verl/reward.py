@@ -22,7 +22,11 @@ import logging
 import re
 from typing import Any
 
+from rlfactory.recipe.schema import Recipe
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
+from rlfactory.scoring.rewardset import RewardSet
+from rlfactory.tools.format import parse_tool_calls
+from rlfactory.tools.types import ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +59,6 @@ def _clean(text: str) -> str:
 
 def trajectory_from_text(solution_str: str, task: dict[str, Any], max_calls: int = 64) -> Trajectory:
     """A Trajectory rebuilt from verl's decoded response (see the module docstring); token fields stay empty."""
-    from rlfactory.tools.format import parse_tool_calls
-    from rlfactory.tools.types import ToolCall
-
     # segments: the first is the assistant's first turn; then (role, text) after each <|im_start|>role marker
     if "<|im_start|>" not in solution_str:
         solution_str = _BARE_ASSISTANT.sub(r"<|im_start|>\1\n", _BARE_USER.sub(r"<|im_start|>\1\n", solution_str))

@@ -17,13 +17,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rlfactory.data.tasks import load_tasks
+from rlfactory.rewards.qa import extract_answer
+from rlfactory.rollout.agent_loop import AgentLoop
+from rlfactory.rollout.chat import ChatFormat
+from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.warmup.demos import calculator_policy
 
 logger = logging.getLogger(__name__)
 
 
 def _answer(text: str) -> str:
-    from rlfactory.rewards.qa import extract_answer
 
     return extract_answer(text).strip()
 
@@ -56,11 +60,6 @@ def score_trajectories(trajs: list[Any]) -> dict[str, float]:
 async def usable_start_check(recipe: Any, cfg: Any, model: Any, tokenizer: Any, manager: Any, seed: int = 0
                              ) -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
-    from rlfactory.data.tasks import load_tasks
-    from rlfactory.rollout.agent_loop import AgentLoop
-    from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.engines.hf import HFEngine
-
     tasks = load_tasks(recipe.data.val_file, recipe.data, limit=cfg.tasks)
     chat = ChatFormat(tokenizer, manager.openai_schemas(), enable_thinking=recipe.rollout.enable_thinking,
                       system_prompt=recipe.rollout.system_prompt)

@@ -21,6 +21,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rlfactory.tools.format import response_text
+from rlfactory.tools.types import ToolCall
+
 logger = logging.getLogger(__name__)
 
 _EXPR_RE = re.compile(r"(\d+)\s*([*+\-x×])\s*(\d+)")
@@ -104,8 +107,6 @@ async def generate_demos(
 
     Tool results that disagree with a task's reference answer are dropped (and counted): a demo must be right.
     """
-    from rlfactory.tools.format import response_text
-    from rlfactory.tools.types import ToolCall
 
     rng = random.Random(seed)
     tools = [spec.to_openai() for spec in manager.specs]

@@ -15,11 +15,25 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+from pydantic import ValidationError
+from transformers import AutoTokenizer
+
 from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
+from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer
+from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.models.tokenizer import attach_chat_template
+from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
+from rlfactory.recipe.messages import format_validation_errors
+from rlfactory.recipe.schema import Recipe
 from rlfactory.recipe.sft import SFTConfig
+from rlfactory.rollout.chat import ChatFormat
+from rlfactory.tools.manager import ToolManager
+from rlfactory.warmup.check import usable_start_check
 from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
 from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
+from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +47,7 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
 
     Relative paths of the section (`output_dir`, `tasks_file`, phase `data` files) are resolved against the recipe's
     folder, like the rest of the recipe. With `require_sft=False` a recipe without the section gives (recipe, None)."""
-    from pydantic import ValidationError
 
-    from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
-    from rlfactory.recipe.messages import format_validation_errors
-    from rlfactory.recipe.schema import Recipe
 
     path = Path(path)
     raw = apply_overrides(load_yaml_mapping(path), overrides or [], source=str(path))
@@ -83,15 +93,13 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
 async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: ProgressFn | None = None
                          ) -> dict[str, list[dict[str, Any]]]:
     """Generate every demo set of the recipe through its real tools; each is also written to `out_dir/NAME.jsonl`."""
-    from rlfactory.tools.manager import ToolManager
-
     sets: dict[str, list[dict[str, Any]]] = {}
     if not sft.demos:
         return sets
     if not recipe.tools.mcp_configs:
         raise ConfigError("sft.demos need tools: set tools.mcp_configs to the servers the demonstrations call",
                           file=recipe.source)
-    async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+    async with ToolManager.from_recipe(recipe.tools) as manager:
         for d in sft.demos:
             t0 = time.perf_counter()
             tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
@@ -106,8 +114,6 @@ async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: P
 
 
 def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
-    from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model
-    from rlfactory.models.tiny import build_tiny_qwen3
 
     if sft.init == "model" and is_tiny_random(recipe):
         model = build_tiny_random(recipe, "float32", "cpu")
@@ -130,9 +136,7 @@ def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
 
 
 def _load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
 
-    from rlfactory.models.tokenizer import attach_chat_template
 
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not getattr(tok, "chat_template", None):
@@ -142,11 +146,6 @@ def _load_tokenizer(path: str) -> Any:
 
 async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """The whole warm-up; returns its summary (also written to `<output_dir>/sft_summary.json`)."""
-    import torch
-
-    from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
-
     t_start = time.perf_counter()
     torch.set_num_threads(sft.torch_threads)
     torch.manual_seed(sft.seed)
@@ -164,7 +163,6 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
         if problems:
             raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))
     else:
-        from rlfactory.models.loading import load_tokenizer
 
         # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
         tokenizer = load_tokenizer(recipe)
@@ -217,17 +215,14 @@ async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer:
                       progress: ProgressFn | None = None) -> dict[str, Any]:
     """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
     Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
-    from rlfactory.tools.manager import ToolManager
-    from rlfactory.warmup.check import usable_start_check
 
     if not (sft.check.tasks and recipe.data.val_file):
         return {}
     if model is None:
-        from rlfactory.models.loading import load_model
 
         model = load_model(sft.output_dir, dtype="float32", device="cpu")
         tokenizer = _load_tokenizer(sft.output_dir)
-    async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+    async with ToolManager.from_recipe(recipe.tools) as manager:
         check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
     if progress:
         progress("check", check)
@@ -236,8 +231,6 @@ async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer:
 
 async def check_saved(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """`rlfactory sft RECIPE --check-only`: check the model folder the recipe wrote, record it in its summary."""
-    import torch
-
     torch.set_num_threads(sft.torch_threads)
     out = Path(sft.output_dir)
     if not (out / "config.json").exists():

@@ -11,12 +11,18 @@ saving an HF model folder. What is not: making demonstrations (`demos.py`), buil
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rlfactory.recipe.sft import SFTPhase
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +65,6 @@ def encode_transcript(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[li
 
 # ------------------------------------------------------------------------------------------------------ training
 def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
-    import torch
 
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, T]
@@ -75,8 +80,6 @@ def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tupl
 
 def policy_token_loss(model: Any, input_ids: Any, attention: Any, labels: Any) -> tuple[Any, int]:
     """Mean next-token cross-entropy over policy tokens; returns (loss, number of policy tokens)."""
-    import torch.nn.functional as F
-
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
     target = labels[:, 1:]  # [B, T-1]
     n = int((target != -100).sum())
@@ -99,7 +102,6 @@ def train_phases(
 ) -> list[dict[str, Any]]:
     """Run the phases in order (a fresh AdamW per phase, linear warm-up then a constant rate); returns one metrics
     dict per step (`phase`, `step`, `loss`, `lr`, `grad_norm`, `tokens`, `time_s`)."""
-    import torch
 
     rng = random.Random(seed)
     history: list[dict[str, Any]] = []
@@ -139,10 +141,6 @@ def train_phases(
 
 def save_model(model: Any, tokenizer: Any, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
     """Save an HF model folder: config, safetensors weights in `dtype`, tokenizer and chat template."""
-    import copy
-
-    import torch
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Cast a copy so the caller's float32 training weights stay as they are.

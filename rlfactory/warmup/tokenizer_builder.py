@@ -20,6 +20,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Sequence
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from rlfactory.models.tokenizer import attach_chat_template
+
 logger = logging.getLogger(__name__)
 
 # Control tokens: special (skipped by `decode(skip_special_tokens=True)`), as in Qwen3.
@@ -33,8 +38,6 @@ FORMAT_TOKENS: tuple[str, ...] = (
 
 def _empty_byte_level_tokenizer() -> Any:
     """A byte-level BPE with no merges yet: digits split, no regex, Qwen's special tokens registered."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -49,10 +52,6 @@ def _empty_byte_level_tokenizer() -> Any:
 
 def _wrap(tok: Any, model_max_length: int) -> Any:
     """Wrap a `tokenizers.Tokenizer` as an HF tokenizer with Qwen3's chat template and special-token roles."""
-    from transformers import PreTrainedTokenizerFast
-
-    from rlfactory.models.tokenizer import attach_chat_template
-
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",  # Qwen3 chat models end a turn (and generation) with <|im_end|>
@@ -96,7 +95,6 @@ def build_tokenizer(
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
     times, so the result may be smaller.
     """
-    from tokenizers import pre_tokenizers, trainers
 
     if not transcripts:
         raise ValueError("build_tokenizer needs at least one transcript to train on")

@@ -1,4 +1,4 @@
-"""The AgentLoop driving real environment MCP servers (TextCraft and BabyAI, stdio, recipes/mcp/env_*.json).
+"""The AgentLoop driving real environment MCP servers (TextCraft and BabyAI, stdio, from mcp_configs/envs.json).
 
 The policy is `SolverPolicy`, a GenerationEngine that reads its context (token ids in), plays the environment with
 the scripted solvers of `solvers.py`, and answers with the token ids of its next tool call (token ids out). The
@@ -15,17 +15,20 @@ from typing import Any, Callable
 import pytest
 from solvers import BabyAIShadow, textcraft_plan
 
+from rlfactory.recipe.rewards import RewardsConfig
 from rlfactory.recipe.rollout import RolloutConfig
+from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.report.viewer import render_html
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.scoring.rewardset import RewardsConfig, RewardSet
+from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.manager import ToolManager
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = [REPO / "recipes" / "mcp" / "env_textcraft.json", REPO / "recipes" / "mcp" / "env_babyai.json"]
+ENVS = ToolsConfig(mcp_configs=[str(REPO / "mcp_configs" / "envs.json")], servers=["textcraft", "babyai"])
+TEXTCRAFT = ENVS.model_copy(update={"servers": ["textcraft"]})
 TASKS = REPO / "envs" / "tools" / "data" / "tasks"
 USER_TURN = "<|im_start|>user\n"
 
@@ -145,7 +148,7 @@ def check_tokens(t: Trajectory, policy: SolverPolicy) -> None:
 
 async def test_episodes_per_trajectory_done_ends_and_env_reward_scores(tok):
     tasks = [task_row("textcraft", 0), task_row("textcraft", 17), task_row("babyai", 0)]
-    async with ToolManager.from_files(CONFIGS) as tools:
+    async with ToolManager.from_recipe(ENVS) as tools:
         chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
         # Every call the policy writes names the same episode: only the loop's binding keeps them apart.
         policy = SolverPolicy(tok, policy_episode_id="shared")
@@ -186,7 +189,7 @@ async def test_episodes_per_trajectory_done_ends_and_env_reward_scores(tok):
 
 
 async def test_the_policy_never_sees_episode_id(tok):
-    async with ToolManager.from_files(CONFIGS[:1]) as tools:
+    async with ToolManager.from_recipe(TEXTCRAFT) as tools:
         step = tools.resolve("step")
         assert step is not None and "episode_id" in step.input_schema["properties"]  # the server does take it
         chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
@@ -203,7 +206,7 @@ async def test_the_policy_never_sees_episode_id(tok):
 async def test_episodes_close_whatever_ends_the_trajectory(tok):
     # No `env` in the row: the policy opens the episode itself; the calls are bound all the same.
     free_row = {"id": "free", "prompt": "Play TextCraft task 5."}
-    async with ToolManager.from_files(CONFIGS) as tools:
+    async with ToolManager.from_recipe(ENVS) as tools:
         chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
         opener = SolverPolicy(tok, first_call={"name": "textcraft.reset", "arguments": {"task_id": 5}},
                               answer_after=1)

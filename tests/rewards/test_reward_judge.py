@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory.recipe.rewards import RewardSpec
+from rlfactory.recipe.rewards import RewardsConfig, RewardSpec
 from rlfactory.recipe.tools import CacheConfig
 from rlfactory.rewards.judge import JudgeError, build_messages, llm_judge, parse_score
-from rlfactory.scoring.rewardset import RewardsConfig, RewardSet
+from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.cache.factory import make_cache
 
 SCORES = [str(i) for i in range(11)]

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from rlfactory.errors import ConfigError
-from rlfactory.recipe.rewards import RewardSpec
-from rlfactory.scoring.rewardset import RewardsConfig, RewardSet, token_level_rewards
+from rlfactory.recipe.rewards import RewardsConfig, RewardSpec
+from rlfactory.scoring.rewardset import RewardSet, token_level_rewards
 
 USER_REWARDS = '''
 import asyncio

@@ -87,7 +87,7 @@ def test_random_text_agrees_with_tiktoken(qwen_tokenizer, reference, text):
 
 
 def test_disk_cache_round_trip(tmp_path):
-    from rlfactory.rollout import tokenizer as module
+    from rlfactory.models import tokenizer as module
 
     built = load_qwen_tokenizer(tmp_path / "tok")
     assert (tmp_path / "tok" / "tokenizer.json").exists()

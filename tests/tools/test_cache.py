@@ -57,7 +57,7 @@ def test_key_is_stable_across_processes():
     args = {"query": "Ωmega ünïcode", "k": 3, "f": 2.5, "nested": {"z": [True, None], "a": "x"}}
     here = cache_key("search", "search", args, "srv-1.0")
     code = (
-        "from rlfactory.tools.cache import cache_key;"
+        "from rlfactory.tools.cache.base import cache_key;"
         f"print(cache_key('search', 'search', {args!r}, 'srv-1.0'))"
     )
     there = subprocess.run(

@@ -151,5 +151,7 @@ def test_identity_changes_with_the_launch_command(tmp_path):
 def test_shipped_default_config_is_valid(repo_root):
     servers = load_mcp_config(repo_root / "mcp_configs" / "default.json")
     assert set(servers) == {"calculator", "search", "python"}
-    for s in servers.values():
-        assert s.command == sys.executable and s.cwd == str(repo_root.resolve())
+    for name, s in servers.items():
+        # run as modules of the installed package, so the file works from a checkout and from a wheel alike
+        assert s.command == sys.executable and s.cwd == str((repo_root / "mcp_configs").resolve())
+        assert s.args[0] == "-m" and s.args[1].startswith("rlfactory.envs.tools.")

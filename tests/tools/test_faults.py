@@ -99,6 +99,24 @@ async def test_frozen_server_is_detected_killed_and_restarted(tmp_path, no_lefto
         assert server.pids[0] != frozen_pid and not alive(frozen_pid)
 
 
+async def test_a_call_waits_for_a_restart_slower_than_its_own_timeout(tmp_path, no_leftovers):
+    # The restart takes 2 s by construction, four times the call timeout: a call that arrives meanwhile waits for the
+    # restart (bounded by the restart's own start-up limit), then runs within its own 0.5 s.
+    marker = tmp_path / "started-once"
+    cfg = write_config(tmp_path / "s.json", {"tb": toolbox_entry("--slow-restart", str(marker), "2",
+                                                                  tool_timeout_s=0.5)})
+    async with ToolManager.from_files([cfg]) as tm:
+        server = tm.servers["tb"]
+        first = server.pids[0]
+        os.kill(first, signal.SIGKILL)
+        await wait_until(lambda: not alive(first), "the server to die")
+        lost = await tm.call(call("add", a=1, b=2))  # finds the connection gone, or the restart already begun
+        assert lost.is_error or lost.text == "3"
+        after = await tm.call(call("add", a=2, b=3))
+        assert after.text == "5", after.text
+        assert tm.metrics()["tools/restarts"] >= 1 and server.pids[0] != first
+
+
 async def test_server_that_dies_at_start_names_itself_and_its_stderr(tmp_path, no_leftovers):
     cfg = write_config(tmp_path / "d.json", {
         "good": toolbox_entry(),

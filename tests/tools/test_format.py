@@ -167,7 +167,7 @@ def test_render_tool_response_matches_the_qwen3_template(repo_root: Path):
     body = render_tool_response(results)
     assert body == ("<tool_response>\nParis is the capital.\n</tool_response>\n"
                     "<tool_response>\nError: division by zero\n</tool_response>")
-    template = repo_root / "rlfactory" / "rollout" / "templates" / "qwen3.jinja"
+    template = repo_root / "rlfactory" / "models" / "templates" / "qwen3.jinja"
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda v, **kw: json.dumps(v, ensure_ascii=False)
     rendered = env.from_string(template.read_text()).render(

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rlfactory.recipe.tools import ToolsConfig
+
 REPO = Path(__file__).resolve().parents[2]
-CALC_CONFIG = REPO / "recipes" / "mcp" / "calculator.json"
+CALCULATOR = ToolsConfig(mcp_configs=[str(REPO / "mcp_configs" / "default.json")], servers=["calculator"])
 SYSTEM = "Use the calculator tool for arithmetic. Give the final answer as <answer>NUMBER</answer>."
 
 
@@ -21,7 +23,7 @@ def _demos(n: int, direct_fraction: float, seed: int = 0) -> tuple[list[dict], d
     from rlfactory.warmup.demos import generate_demos, make_arithmetic_tasks
 
     async def go():
-        async with ToolManager.from_files([CALC_CONFIG]) as manager:
+        async with ToolManager.from_recipe(CALCULATOR) as manager:
             return await generate_demos(make_arithmetic_tasks(n, seed=seed), manager,
                                         direct_fraction=direct_fraction, seed=seed, system_prompt=SYSTEM)
 
@@ -114,7 +116,7 @@ def test_sft_encoding_equals_what_the_agent_loop_builds(tokenizer, demos):
             pass
 
     async def go():
-        async with ToolManager.from_files([CALC_CONFIG]) as manager:
+        async with ToolManager.from_recipe(CALCULATOR) as manager:
             chat = ChatFormat(tokenizer, manager.openai_schemas(), system_prompt=SYSTEM)
             cfg = RolloutConfig(samples_per_prompt=1)
             for demo in demos[:12]:
@@ -182,7 +184,7 @@ def _tiny_sft_recipe(tmp_path: Path) -> Path:
     recipe.parent.mkdir(parents=True)
     # Same recipe, paths made absolute, so it runs from a temp folder.
     for rel in ("../models/quickstart-calc", "../data/quickstart/train.jsonl", "../data/quickstart/val.jsonl",
-                "mcp/calculator.json"):
+                "../mcp_configs/default.json"):
         target = str((REPO / "recipes" / rel).resolve()) if "models" not in rel else str(tmp_path / "model")
         text = text.replace(rel, target)
     recipe.write_text(text)
@@ -264,7 +266,7 @@ def test_shipped_checkpoint_still_sees_the_prompt_it_was_trained_on():
     tok = AutoTokenizer.from_pretrained(REPO / "models" / "quickstart-calc")
 
     async def schemas():
-        async with ToolManager.from_files(recipe.tools.mcp_configs) as manager:
+        async with ToolManager.from_recipe(recipe.tools) as manager:
             return manager.openai_schemas()
 
     chat = ChatFormat(tok, asyncio.run(schemas()), system_prompt=recipe.rollout.system_prompt)

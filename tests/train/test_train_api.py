@@ -66,9 +66,9 @@ def test_lora_with_kl_to_the_base_model_trains_and_checkpoints_the_adapter(tiny_
     assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() and not (ckpt / "model").exists()
 
 
-def test_rlfactory_train_is_callable_even_after_the_package_is_imported(tiny_recipe):
+def test_rlfactory_train_is_the_api_function_after_the_trainer_is_imported(tiny_recipe):
     import rlfactory
-    import rlfactory.train.local  # noqa: F401  binds the attribute `rlfactory.train` to the package
+    import rlfactory.trainer.loop  # noqa: F401  the local engine's package is `rlfactory.trainer`, not `train`
     from rlfactory import train
 
     bad = Recipe.from_yaml(tiny_recipe, ["model.path=missing_model"])

@@ -149,7 +149,7 @@ def test_cli_dry_run_writes_what_verl_reads(tmp_path):
     cfg = yaml.safe_load((out / "verl_config.yaml").read_text())
     assert cfg["actor_rollout_ref"]["rollout"]["n"] == 8 and cfg["data"]["train_batch_size"] == 8
     loops = yaml.safe_load((out / "agent_loop.yaml").read_text())
-    assert loops[0]["_target_"] == "rlfactory.train.verl_agent_loop.RLFactoryAgentLoop"
+    assert loops[0]["_target_"] == "rlfactory.verl.agent_loop.RLFactoryAgentLoop"
     assert Path(loops[0]["recipe_path"]).is_file()
     rows = pq.read_table(out / "data" / "train.parquet").to_pylist()
     assert len(rows) == 2000
@@ -173,7 +173,7 @@ def test_a_real_run_stops_clearly_without_gpus_or_vllm(tmp_path):
         pytest.skip("this machine could really launch verl")
     r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml", ["engine=verl", f"trainer.output_dir={tmp_path}"])
     with pytest.raises(RLFactoryError) as e:
-        run_verl(r, tmp_path, dry_run=False)
+        run_verl(r, dry_run=False)
     assert "vLLM is not installed" in str(e.value) or "needs NVIDIA GPUs" in str(e.value)
     assert (tmp_path / "verl_config.yaml").is_file()  # the run folder was prepared and checked first
 

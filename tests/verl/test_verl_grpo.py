@@ -1,4 +1,4 @@
-"""GRPO numbers: for the same batch, the local engine's advantages, loss and gradients (rlfactory/train/grpo.py, our
+"""GRPO numbers: for the same batch, the local engine's advantages, loss and gradients (rlfactory/algorithms/grpo.py, our
 padded batch and forward pass) equal verl's: `compute_advantage` on a DataProto (verl's trainer) and `ppo_loss` (verl's
 actor loss) fed verl's no-padding log-prob layout, with the ActorConfig verl builds from our translated config."""
 from __future__ import annotations

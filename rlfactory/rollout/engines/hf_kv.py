@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 GROW_COLUMNS = 128
@@ -89,7 +90,6 @@ class GrowingLayer(DynamicLayer):
 
 
 def _new_cache(layers: list[GrowingLayer] | None = None) -> Any:
-    from transformers import DynamicCache  # noqa: PLC0415
 
     cache = DynamicCache()
     cache.layer_class_to_replicate = GrowingLayer  # a prefill appends one per model layer

@@ -21,8 +21,11 @@ import os
 import shutil
 import tempfile
 import uuid
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
+
+from safetensors.torch import save_file
 
 from rlfactory.errors import RLFactoryError
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
@@ -63,7 +66,6 @@ def _scratch_dir() -> Path:
 
 class VLLMEngine:
     """Generation on a vLLM `AsyncLLM`. Build one with `VLLMEngine.from_model_dir(...)`."""
-
     def __init__(self, engine: Any, *, eos_token_ids: list[int] | int = (), owns_engine: bool = True):
         self.engine = engine
         self.eos_token_ids = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
@@ -175,7 +177,6 @@ class VLLMEngine:
 
 
 def _write_safetensors(state_dict: Mapping[str, Any], target: Path) -> None:
-    from safetensors.torch import save_file  # noqa: PLC0415
 
     tensors: dict[str, Any] = {}
     seen: set[int] = set()
@@ -195,7 +196,6 @@ def _is_cpu_build(vllm: Any) -> bool:
 
 
 def _dist_is(name: str) -> bool:
-    from importlib import metadata  # noqa: PLC0415
 
     try:
         metadata.version(name)

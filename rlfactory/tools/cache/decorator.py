@@ -22,6 +22,7 @@ of a method) are not cached.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -42,7 +43,6 @@ _TIMEOUT_S = 1.0
 
 class _Backend:
     """Clients for one Redis URL (a sync one, and an async one per event loop) and its outage state."""
-
     def __init__(self, url: str, retry_interval_s: float):
         self.url = url
         self.retry_interval_s = retry_interval_s
@@ -79,7 +79,6 @@ class _Backend:
         return self._sync
 
     def async_client(self) -> Any:
-        import asyncio  # noqa: PLC0415
 
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)

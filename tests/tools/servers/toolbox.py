@@ -16,7 +16,15 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--http", type=int, default=None, help="serve streamable HTTP on this port")
 parser.add_argument("--name", default="toolbox")
 parser.add_argument("--extra-tool", default=None, help="also expose a tool with this name (for collision tests)")
+parser.add_argument("--slow-restart", nargs=2, metavar=("MARKER", "SECONDS"), default=None,
+                    help="every start but the first (MARKER exists) sleeps SECONDS before serving")
 opts = parser.parse_args()
+if opts.slow_restart:
+    marker, delay_s = opts.slow_restart
+    if os.path.exists(marker):
+        time.sleep(float(delay_s))
+    else:
+        open(marker, "w").close()
 
 app = MCPServer(opts.name, version="1.0", log_level="WARNING")
 PURE = ToolAnnotations(readOnlyHint=True, idempotentHint=True)
