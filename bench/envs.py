@@ -135,7 +135,7 @@ async def run_mcp(env_name: str, plans: Plans, config: Path) -> dict:
 
 
 def write_config(envs: list[str], tmp: Path, concurrency: int) -> Path:
-    servers = {name: {"command": "python", "args": [str(REPO / "envs" / "tools" / f"{name}.py")], "cwd": str(REPO),
+    servers = {name: {"command": "python", "args": ["-m", f"rlfactory.envs.tools.{name}"],
                       "rlfactory": {"cache": False, "max_concurrency": concurrency, "tool_timeout_s": 60}}
                for name in envs}
     path = tmp / "bench_envs.json"

@@ -26,7 +26,7 @@ from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "train"))  # the tiny setup builder the training tests use
+sys.path.insert(0, str(REPO / "tests"))  # the tiny setup builder the trainer tests use
 
 
 def _cuda() -> str | None:

@@ -44,6 +44,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the scripted Qwen3 model the rollout tests use
 CALL = '<tool_call>{"name": "sleep_ms", "arguments": {"ms": 0}}</tool_call>'
 """The call the policy emits every turn; the `ms` argument is replaced by the latency schedule."""
 THOUGHT = "x"

@@ -46,7 +46,7 @@ def _recipe(path: Path, steps: int, threads: int, out: Path, model_override: Pat
 
 def _random_quickstart_shape(tmp: Path) -> Path:
     """A random Qwen3 of the quickstart's shape with a tokenizer trained on calculator transcripts."""
-    sys.path.insert(0, str(REPO / "tests" / "train"))
+    sys.path.insert(0, str(REPO / "tests"))
     from tiny_setup import build_tiny_setup  # noqa: PLC0415
 
     build_tiny_setup(tmp, hidden_size=256, num_layers=4, vocab_size=640, tokenizer_tasks=400)

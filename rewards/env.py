@@ -5,7 +5,7 @@ Environment servers (`rlfactory/envs/mcp_server.py`) return every step with stru
 the LAST such tool result of the trajectory: from `ToolCallRecord.structured` when the AgentLoop recorded it, else
 from the status line in the recorded text. A trajectory that never reached an environment scores 0.
 
-Use in a recipe: `{function: "rewards.env:env_score", weight: 1.0}`.
+Use in a recipe: `{function: env_score, weight: 1.0}` (or the dotted `rlfactory.rewards.env:env_score`).
 Left out: per-step (process) rewards; `env_step_rewards` below lists them for whoever wants to place them.
 """
 from __future__ import annotations

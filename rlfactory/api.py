@@ -3,8 +3,8 @@
 ```python
 from rlfactory import RLFactory, Recipe, train
 
-RLFactory(tools="mcp_configs/default.json", reward_function=my_reward, model="checkpoints/quickstart",
-          train_file="data/train.jsonl", **{"trainer.total_steps": 20}).train()
+RLFactory(tools="mcp_configs/default.json", servers=["calculator"], reward_function=my_reward,
+          model="checkpoints/quickstart", train_file="data/train.jsonl", **{"trainer.total_steps": 20}).train()
 train(Recipe.from_yaml("recipes/quickstart.yaml", ["trainer.seed=1"]))
 ```
 
@@ -32,6 +32,7 @@ from rlfactory.verl.launch import run_verl
 _SHORTCUTS = {
     "model": "model.path",
     "tokenizer": "tokenizer.path",
+    "servers": "tools.servers",
     "train_file": "data.train_file",
     "val_file": "data.val_file",
     "output_dir": "trainer.output_dir",
@@ -97,9 +98,9 @@ class RLFactory:
     """Build a recipe from keyword arguments and run it: `RLFactory(tools=..., reward_function=fn, model=...)`.
 
     `recipe=` starts from a YAML file; `tools` is one or more mcpServers JSON files; `reward_function` is a function
-    (or a list of them, or `(function, weight)` pairs); shortcuts (`model`, `train_file`, `val_file`, `output_dir`,
-    `total_steps`, `prompts_per_step`, `samples_per_prompt`, `learning_rate`, `seed`, `engine`) and dotted keys
-    (`**{"rollout.sampling.temperature": 0.8}`) set any other field. Relative paths resolve against the recipe's
+    (or a list of them, or `(function, weight)` pairs); shortcuts (`model`, `servers`, `train_file`, `val_file`,
+    `output_dir`, `total_steps`, `prompts_per_step`, `samples_per_prompt`, `learning_rate`, `seed`, `engine`) and
+    dotted keys (`**{"rollout.sampling.temperature": 0.8}`) set any other field. Relative paths resolve against the recipe's
     folder, or the working directory without a recipe."""
 
     def __init__(self, *, recipe: str | Path | None = None, tools: str | list[str] | None = None,

@@ -5,6 +5,9 @@ traceback; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class RLFactoryError(Exception):
     """Base class for errors caused by user input or the environment, not by a bug."""
@@ -27,3 +30,16 @@ class ConfigError(RLFactoryError, ValueError):
 
 class ToolServerError(RLFactoryError):
     """A tool server could not be started or reached."""
+
+
+class MissingExtra(RLFactoryError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def import_extra(module: str, feature: str, extra: str = "envs") -> Any:
+    """Import `module`, or raise MissingExtra saying which `pip install 'rlfactory[EXTRA]'` brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtra(f"{feature} needs the `{module}` package, which the `{extra}` extra installs: "
+                           f"pip install 'rlfactory[{extra}]'") from e

@@ -22,6 +22,9 @@ if os.environ.get("CI"):
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Fixtures of one concern each, in modules beside this file (tests/ is on sys.path while pytest collects).
+pytest_plugins = ["fixtures_models", "fixtures_rewards", "fixtures_serve", "fixtures_trainer"]
+
 # One torch thread per process: measured faster on this 2-core machine, and tests run beside tool subprocesses.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

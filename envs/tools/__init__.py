@@ -1,5 +1,6 @@
-"""rlfactory's MCP servers, one runnable file each (`python -m rlfactory.envs.tools.NAME`, or `python envs/tools/NAME.py`
-from a checkout), and the data they serve (`data/`: corpora, the TextCraft recipe set, environment task rows).
+"""rlfactory's MCP servers, one runnable file each (`python -m rlfactory.envs.tools.NAME`, or from a checkout
+`python envs/tools/NAME.py`), and the data they serve (`data/`: corpora, the TextCraft recipe set, environment task
+rows).
 
 Installed as `rlfactory.envs.tools` (see setup.py). Nothing else lives here, so that starting a server imports only
 what that server needs.

@@ -1,7 +1,7 @@
 """Calculator MCP server: exact arithmetic with a safe parser.
 
-Run: `python -m rlfactory.envs.tools.calculator` (stdio) or `python -m rlfactory.envs.tools.calculator --http --port 8011`
-(streamable HTTP on 127.0.0.1, endpoint /mcp).
+Run: `python -m rlfactory.envs.tools.calculator` (stdio) or `python -m rlfactory.envs.tools.calculator --http
+--port 8011` (streamable HTTP on 127.0.0.1, endpoint /mcp).
 
 The expression is parsed with `ast` and evaluated by walking a whitelist of node types — never `eval`.
 Numbers are exact rationals: integers of any size (up to a bound), decimals such as 0.1 taken as written

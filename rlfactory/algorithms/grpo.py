@@ -21,6 +21,7 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from rlfactory.recipe.training import AlgorithmConfig
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.scoring.rewardset import token_level_rewards
 
@@ -110,7 +111,6 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
 def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> torch.Tensor:
     """Group-relative advantages, verl's `compute_grpo_outcome_advantage`: (R - mean_g) / (std_g + eps) per group,
     broadcast over the response and zeroed off the loss mask. Returns [N, T]."""
-
     adv, _returns = compute_grpo_outcome_advantage(
         token_level_rewards=batch.token_level_rewards,  # [N, T]
         response_mask=batch.response_mask,  # [N, T]
@@ -127,8 +127,7 @@ def response_logprobs(
     """Logprobs of the response tokens under `model` (and per-token entropy), temperature-scaled like the sampler
     (rlfactory/rollout/hf_sampling.py). Returns ([N, T], [N, T] or None). The entropy carries gradient only with
     `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory."""
-
-    p, t_len = batch.prompt_len, batch.responses.shape[1]
+    t_len = batch.responses.shape[1]
     # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over the
     # prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
@@ -143,7 +142,7 @@ def response_logprobs(
     return logp, entropy
 
 
-def actor_config(algorithm: Any, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:
+def actor_config(algorithm: AlgorithmConfig, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:
     """verl's ActorConfig carrying our algorithm settings (the policy-loss functions read their knobs from it)."""
     return ActorConfig(
         strategy="fsdp", rollout_n=samples_per_prompt, ppo_mini_batch_size=mini_batch_prompts,
@@ -177,7 +176,6 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to backpropagate for one micro-batch: verl's policy loss - entropy_coef * entropy + kl_coef * KL.
     Mirrors `verl.workers.utils.losses.ppo_loss`. Returns (scalar loss, metrics)."""
-
     mask = response_mask.to(torch.bool)
     loss_fn = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
     pg_loss, pg_metrics = loss_fn(

@@ -9,6 +9,9 @@ from typing import Any, Coroutine, NoReturn
 import typer
 from rich.console import Console
 
+from rlfactory.errors import RLFactoryError
+from rlfactory.starter import find_recipe
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -25,8 +28,6 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run a coroutine; library errors (RLFactoryError) become clean CLI errors."""
-    from rlfactory.errors import RLFactoryError
-
     try:
         return asyncio.run(coro)
     except RLFactoryError as e:
@@ -35,15 +36,13 @@ def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
 
 def recipe_file(arg: Path) -> Path:
     """A recipe argument as a file: the file itself, or a shipped recipe of that name (`rlfactory train quickstart`)."""
-    from rlfactory.starter import find_recipe
-
     return find_recipe(arg)
 
 
 def check_or_fail(recipe_path: Path, overrides: list[str], *, for_training: bool) -> Any:
     """The validated Recipe; on any problem, print them all and exit before anything starts. Warnings go to stderr.
     `recipe_path` may name a shipped recipe (see `recipe_file`)."""
-    from rlfactory.preflight import check_recipe
+    from rlfactory.preflight import check_recipe  # here, not at the top: keeps `rlfactory --help` fast
 
     recipe_path = recipe_file(recipe_path)
     check = check_recipe(recipe_path, overrides, for_training=for_training)

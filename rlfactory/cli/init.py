@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+import yaml
+from rich.table import Table
 
 from rlfactory.cli.common import console, fail
+from rlfactory.errors import RLFactoryError
+from rlfactory.starter import FOLDERS, copy_starter, shipped_recipes
 
 
 def init_cmd(
@@ -14,9 +18,6 @@ def init_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite files of the starter project already there."),
 ) -> None:
     """Copy the starter project (recipes/, mcp_configs/, data/, models/, examples/) into FOLDER."""
-    from rlfactory.errors import RLFactoryError
-    from rlfactory.starter import FOLDERS, copy_starter
-
     try:
         written = copy_starter(folder, overwrite=force)
     except RLFactoryError as e:
@@ -28,11 +29,6 @@ def init_cmd(
 
 def recipes_cmd() -> None:
     """List the shipped recipes: give a name where a command takes a recipe file (`rlfactory train quickstart`)."""
-    import yaml
-    from rich.table import Table
-
-    from rlfactory.starter import shipped_recipes
-
     table = Table(show_header=True)
     table.add_column("name")
     table.add_column("description", overflow="fold")

@@ -7,12 +7,17 @@ The stack is built by `rlfactory.trainer.wiring` (shared with training); this mo
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from rich.table import Table
 
 from rlfactory.cli.common import RECIPE_HELP, SET_HELP, check_or_fail, console, fail, run_async
+
+if TYPE_CHECKING:  # type names only: the recipe module loads inside the commands
+    from rlfactory.recipe.schema import Recipe
 
 
 def rollout_cmd(
@@ -40,11 +45,9 @@ def rollout_cmd(
     _print_summary(summary, out, html)
 
 
-async def _run(r: Any, tasks_path: Path, out: Path, html: Path | None, *, limit: int, samples: int | None,
+async def _run(r: Recipe, tasks_path: Path, out: Path, html: Path | None, *, limit: int, samples: int | None,
                step: int, seed: int, rewards: bool) -> dict[str, Any]:
-    import tempfile
-
-    import torch
+    import torch  # here, not at the top: keeps `rlfactory --help` fast
 
     from rlfactory.data.tasks import load_tasks
     from rlfactory.models.devices import resolve_device
@@ -75,8 +78,6 @@ async def _run(r: Any, tasks_path: Path, out: Path, html: Path | None, *, limit:
 
 
 def _print_summary(summary: dict[str, Any], out: Path, html: Path | None) -> None:
-    from rich.table import Table
-
     m = summary["metrics"]
     table = Table(title=f"{summary['trajectories']} trajectories from {summary['tasks']} tasks "
                         f"(horizon {summary['horizon']})", show_header=True)

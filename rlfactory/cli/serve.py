@@ -4,6 +4,7 @@ from __future__ import annotations
 import typer
 
 from rlfactory.cli.common import console, fail
+from rlfactory.errors import RLFactoryError
 
 
 def register(app: typer.Typer) -> None:
@@ -24,14 +25,12 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Initialisation seed of the tiny random model."),
     ) -> None:
         """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, /v1/models, /health)."""
-        from rlfactory.errors import RLFactoryError
-
         if tiny_random:
             model = "tiny-random"
         if not model:
             fail("give a MODEL directory, or --tiny-random for a tiny random Qwen3")
         try:
-            import uvicorn
+            import uvicorn  # here, not at the top: keeps `rlfactory --help` fast
 
             from rlfactory.serve.server import build_app, load_server
 

@@ -5,14 +5,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from rlfactory.cli.common import console, fail, run_async
+from rlfactory.cli.common import console, fail, recipe_file, run_async
+from rlfactory.errors import ConfigError
 
 
 def _load(recipe: Path, overrides: list[str] | None, require_sft: bool) -> tuple[Any, Any]:
-    from rlfactory.cli.common import recipe_file
-    from rlfactory.errors import ConfigError
-    from rlfactory.warmup.run import load_sft_recipe
+    from rlfactory.warmup.run import load_sft_recipe  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         return load_sft_recipe(recipe_file(recipe), overrides or [], require_sft=require_sft)
@@ -28,9 +28,7 @@ def sft_cmd(
                                     help="Only run the usable-start check on the model folder already written."),
 ) -> None:
     """Supervised warm-up on demonstrations made through the recipe's real tools; writes an HF model folder."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from rlfactory.warmup.run import check_saved, run_sft
+    from rlfactory.warmup.run import check_saved, run_sft  # here, not at the top: keeps `rlfactory --help` fast
 
     extra = list(overrides or []) + ([f"sft.output_dir={output_dir.resolve()}"] if output_dir else [])
     r, sft = _load(recipe, extra, require_sft=True)
@@ -88,8 +86,7 @@ def demos_cmd(
     overrides: Optional[list[str]] = typer.Option(None, "--set", help="Override a field: dotted.key=value (repeat)."),
 ) -> None:
     """Write demonstrations made by a scripted policy through the recipe's REAL tools (calculator tasks)."""
-    from rlfactory.data.tasks import load_tasks
-    from rlfactory.errors import ConfigError
+    from rlfactory.data.tasks import load_tasks  # here, not at the top: keeps `rlfactory --help` fast
     from rlfactory.tools.manager import ToolManager
     from rlfactory.warmup.demos import generate_demos, write_jsonl
 

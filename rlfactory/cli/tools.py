@@ -6,12 +6,15 @@ import keyword
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+from rich.table import Table
 
 from rlfactory.cli.common import console, fail, run_async
+from rlfactory.errors import ConfigError
 
 tools_app = typer.Typer(help="List and call MCP tools by hand (debugging).", no_args_is_help=True)
 
@@ -33,10 +36,7 @@ def setup_mcp(
     probe: bool = typer.Option(True, help="Time one read-only call per server (else a tools/list round trip)."),
 ) -> None:
     """Validate MCP configs, start every server, list its tools, time start-up and one call, check the cache."""
-    import tempfile
-
-    from rlfactory.errors import ConfigError
-    from rlfactory.recipe.tools import CacheConfig
+    from rlfactory.recipe.tools import CacheConfig  # here, not at the top: keeps `rlfactory --help` fast
     from rlfactory.tools.setup_mcp import run_setup
 
     try:
@@ -58,8 +58,6 @@ def setup_mcp(
 
 
 def _print_setup(report: Any) -> None:
-    from rich.table import Table
-
     table = Table(title=f"MCP servers ({', '.join(report.configs)})", title_justify="left")
     for col in ("server", "transport", "status", "start-up", "probe call", "tools"):
         table.add_column(col, overflow="fold")
@@ -89,7 +87,7 @@ def _print_setup(report: Any) -> None:
 
 
 def _load_manager(configs: list[Path], only_server: str | None = None) -> Any:
-    from rlfactory.tools.manager import ToolManager
+    from rlfactory.tools.manager import ToolManager  # here, not at the top: keeps `rlfactory --help` fast
     from rlfactory.tools.mcp_configs import load_mcp_configs
     from rlfactory.tools.setup_mcp import resolve_config_paths
 
@@ -105,8 +103,6 @@ def tools_list(
     as_json: bool = typer.Option(False, "--json", help="Print the tools' OpenAI schemas as JSON."),
 ) -> None:
     """List every tool as the model sees it (name, server, arguments, cache hints)."""
-    from rich.table import Table
-
     async def go() -> list[Any]:
         async with _load_manager(configs or []) as tm:
             return tm.specs
@@ -133,7 +129,7 @@ def tools_call(
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON."),
 ) -> None:
     """Call one tool by hand and print its result (exit 1 when the result is an error)."""
-    from rlfactory.tools.types import ToolCall
+    from rlfactory.tools.types import ToolCall  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         args = json.loads(arguments)

@@ -1,18 +1,22 @@
 """CLI: `rlfactory validate`, `train`, `eval`, `report`.
 
 Every command validates the recipe first and starts nothing when it is invalid. Heavy libraries (torch,
-transformers, verl) are imported inside the commands. The work itself lives in `rlfactory.api` (train/eval, the
+transformers, verl) are imported inside the commands. The work itself lives in `rlfactory.api` (train and eval, the
 same code path as the Python API) and `rlfactory.train.report`.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from rlfactory.cli.common import RECIPE_HELP, SET_HELP, check_or_fail, console, err_console, fail
+from rlfactory.cli.common import RECIPE_HELP, SET_HELP, check_or_fail, console, err_console, fail, recipe_file
+from rlfactory.errors import RLFactoryError
+
+if TYPE_CHECKING:  # type names only: the recipe module loads inside the commands
+    from rlfactory.recipe.schema import Recipe
 
 
 def validate_cmd(
@@ -20,8 +24,7 @@ def validate_cmd(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Check a recipe (fields, arithmetic, files, reward functions) and report every problem at once."""
-    from rlfactory.cli.common import recipe_file
-    from rlfactory.preflight import check_recipe
+    from rlfactory.preflight import check_recipe  # here, not at the top: keeps `rlfactory --help` fast
 
     recipe = recipe_file(recipe)
     check = check_recipe(recipe, set_)
@@ -63,8 +66,7 @@ def train_cmd(
     if r.engine == "verl" or dry_run:
         _verl(r, dry_run=dry_run, resume=resume)
         return
-    from rlfactory.api import train as run_train
-    from rlfactory.errors import RLFactoryError
+    from rlfactory.api import train as run_train  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         summary = run_train(r, resume=resume, progress=True)
@@ -78,9 +80,8 @@ def train_cmd(
     )
 
 
-def _verl(recipe: object, *, dry_run: bool, resume: bool) -> None:
-    from rlfactory.errors import RLFactoryError
-    from rlfactory.verl.launch import run_verl
+def _verl(recipe: Recipe, *, dry_run: bool, resume: bool) -> None:
+    from rlfactory.verl.launch import run_verl  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         summary = run_verl(recipe, dry_run=dry_run, resume=resume)
@@ -113,8 +114,7 @@ def eval_cmd(
     r = check_or_fail(recipe, overrides, for_training=checkpoint is None)
     if not r.data.val_file:
         fail(f"{recipe}: data.val_file is empty; add a validation file (or pass --set data.val_file=PATH)")
-    from rlfactory.api import evaluate
-    from rlfactory.errors import RLFactoryError
+    from rlfactory.api import evaluate  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         res = evaluate(r, checkpoint=checkpoint, output_dir=output_dir)
@@ -128,8 +128,7 @@ def eval_cmd(
 
 def report_cmd(output_dir: Path = typer.Argument(..., help="A run folder written by `rlfactory train`.")) -> None:
     """Regenerate the reward-curve PNG and the transcript viewer of a run folder."""
-    from rlfactory.errors import RLFactoryError
-    from rlfactory.report.run_report import write_report
+    from rlfactory.report.run_report import write_report  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
         files = write_report(output_dir)

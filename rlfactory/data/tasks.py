@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfactory.errors import ConfigError
+from rlfactory.recipe.training import DataConfig
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -21,7 +22,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ConfigError(f"data file not found: {path}")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # only for parquet files: a tool server (deepsearch) imports this module
 
         return pq.read_table(path).to_pylist()
     if path.suffix == ".json":
@@ -40,7 +41,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_tasks(path: str | Path, data: Any, limit: int | None = None) -> list[dict[str, Any]]:
+def load_tasks(path: str | Path, data: DataConfig, limit: int | None = None) -> list[dict[str, Any]]:
     """Rows mapped through the recipe's `data:` field names into task dicts."""
     rows = read_rows(path)
     if limit is not None:

@@ -17,6 +17,7 @@ import threading
 import warnings
 
 from rlfactory.envs.types import StepResult
+from rlfactory.errors import import_extra
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +33,6 @@ _QUIET = threading.Lock()
 HELP = "Valid actions: " + ", ".join(ACTIONS) + "."
 
 
-def action_name(index: int) -> str:
-    return next(name for name, i in ACTIONS.items() if i == int(index))
-
-
 def _offset_words(forward: int, right: int) -> str:
     parts = []
     if forward:
@@ -48,7 +45,8 @@ def _offset_words(forward: int, right: int) -> str:
 
 def describe_view(image, carrying_desc: str | None, mission: str) -> str:
     """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up."""
-    from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX
+    constants = import_extra("minigrid.core.constants", "BabyAI")  # called with an episode open: minigrid is loaded
+    IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX = constants.IDX_TO_COLOR, constants.IDX_TO_OBJECT, constants.STATE_TO_IDX
 
     idx_to_state = {v: k for k, v in STATE_TO_IDX.items()}
     width, height = image.shape[0], image.shape[1]
@@ -101,8 +99,8 @@ class BabyAIEnv:
 
     def _make(self, level: str):
         if level not in self._envs:
-            import gymnasium as gym
-            import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
+            gym = import_extra("gymnasium", "BabyAI")  # at the first episode: the server starts without it
+            import_extra("minigrid", "BabyAI")  # registers the BabyAI levels with gymnasium
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -62,7 +62,7 @@ class BM25Retriever:
     """BM25 over the corpus; documents render as `(title) text`."""
 
     def __init__(self, corpus_path: Path):
-        import bm25s
+        import bm25s  # 0.4 s, at the first index rather than at server start
 
         self.docs = read_corpus(corpus_path)
         self._bm25 = bm25s.BM25()
@@ -71,7 +71,7 @@ class BM25Retriever:
         self._lock = threading.Lock()  # bm25s retrieval is not documented as thread-safe
 
     def search(self, query: str, top_k: int) -> list[dict]:
-        import bm25s
+        import bm25s  # loaded by __init__ already
 
         k = max(1, min(top_k, len(self.docs)))
         with self._lock:
@@ -95,7 +95,7 @@ class DenseRetriever:
     corpus, embedded once at start-up."""
 
     def __init__(self, corpus_path: Path, model_dir: str, batch_size: int = 64):
-        import torch
+        import torch  # the dense retriever only (opt-in): the BM25 server starts without torch
         from transformers import AutoModel, AutoTokenizer
 
         self.docs = read_corpus(corpus_path)

@@ -17,6 +17,7 @@ import os
 import re
 
 from rlfactory.envs.types import StepResult
+from rlfactory.errors import import_extra
 
 logger = logging.getLogger(__name__)
 # py4j logs every gateway shutdown at INFO with a traceback; that is not news.
@@ -45,9 +46,9 @@ class SciWorldEnv:
 
     def _sim(self):
         if self._env is None:
-            from scienceworld import ScienceWorldEnv  # starts a JVM: only when an episode really needs it
-
-            self._env = ScienceWorldEnv("", envStepLimit=self.step_limit)
+            # at the first episode: importing starts a JVM, and the package is the `envs` extra
+            scienceworld = import_extra("scienceworld", "SciWorld")
+            self._env = scienceworld.ScienceWorldEnv("", envStepLimit=self.step_limit)
         return self._env
 
     @property

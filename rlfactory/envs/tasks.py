@@ -1,6 +1,7 @@
 """Task rows (JSONL) for training on the environment servers: one row per environment task id.
 
-    python -m rlfactory.envs.tasks [--out DIR]      (writes {env}_train.jsonl / {env}_val.jsonl; default envs/tools/data/tasks)
+    python -m rlfactory.envs.tasks [--out DIR]    (writes {env}_train.jsonl / {env}_val.jsonl, by default into
+                                                   envs/tools/data/tasks)
 
 Each row: `{"id", "prompt", "answer": null, "env": {"server", "task_id"}}`. The AgentLoop opens the episode itself
 before the first turn (`env` names the server and task; rlfactory/rollout/env_glue.py) and shows the first

@@ -33,7 +33,6 @@ def avoid_cudnn_attention(device: Any) -> bool:
     cuDNN attention, 45 ms without. PyTorch then uses flash or memory-efficient attention, which take any length.
     Set RLFACTORY_CUDNN_ATTENTION=1 to leave PyTorch's choice alone.
     """
-
     if torch.device(device).type != "cuda" or os.environ.get(CUDNN_ATTENTION_ENV) == "1":
         return False
     if torch.backends.cuda.cudnn_sdp_enabled():

@@ -18,6 +18,7 @@ from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.models.devices import resolve_device, resolve_dtype
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
+from rlfactory.recipe.schema import Recipe
 from rlfactory.recipe.training import TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
 
 logger = logging.getLogger(__name__)
@@ -41,15 +42,14 @@ def load_model(path: str | Path, dtype: Any = "float32", device: Any = None) -> 
     return model.to(target).eval()
 
 
-def is_tiny_random(recipe: Any) -> bool:
+def is_tiny_random(recipe: Recipe) -> bool:
     """Whether the recipe's model is the built-in random tiny Qwen3 (`model.path: tiny-random`)."""
     return recipe.model.path == TINY_RANDOM_MODEL
 
 
-def load_tokenizer(recipe: Any, model_path: str | Path | None = None) -> Any:
+def load_tokenizer(recipe: Recipe, model_path: str | Path | None = None) -> Any:
     """The recipe's tokenizer: `tokenizer.path`, `qwen3-offline`, or the model folder's; with a chat template.
     A `tiny-random` model uses the offline Qwen3 tokenizer (also for its checkpoints, which hold no tokenizer)."""
-
     path = recipe.tokenizer.path or ("qwen3-offline" if is_tiny_random(recipe)
                                      else str(model_path or recipe.model.path))
     if path == "qwen3-offline":
@@ -75,7 +75,7 @@ def pad_id_of(tokenizer: Any) -> int:
     return 0
 
 
-def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) -> Any:
+def load_policy(recipe: Recipe, device: Any, model_path: str | Path | None = None) -> Any:
     """The policy: the HF model in the recipe's dtype on `device`, wrapped in a LoRA adapter when enabled."""
     dtype = recipe.model.dtype
     if dtype == "auto":
@@ -93,7 +93,7 @@ def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) 
         model.config.use_cache = True  # generation (eval mode) still uses the KV cache
     lora = recipe.model.lora
     if lora.enabled:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # only with LoRA: importing peft costs seconds
 
         names = {n.split(".")[-1] for n, _ in model.named_modules()}
         missing = [m for m in lora.target_modules if m not in names]
@@ -105,10 +105,9 @@ def load_policy(recipe: Any, device: Any, model_path: str | Path | None = None) 
     return model
 
 
-def build_tiny_random(recipe: Any, dtype: Any, device: Any) -> Any:
+def build_tiny_random(recipe: Recipe, dtype: Any, device: Any) -> Any:
     """`model.path: tiny-random`: a random tiny Qwen3 with Qwen3's vocabulary (so the offline Qwen3 tokenizer's ids
     fit) and TINY_RANDOM_POSITIONS positions, seeded by `trainer.seed` (a resumed run then loads its checkpoint)."""
-
     model = build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=recipe.trainer.seed,
                              max_position_embeddings=TINY_RANDOM_POSITIONS)
     logger.info("model.path is tiny-random: random tiny Qwen3 (%.1fM parameters, %d positions)",

@@ -34,7 +34,6 @@ def tiny_qwen3_config(
     Embeddings are untied by default: a random model with tied embeddings greedily repeats its last input token
     (logits ~ h . E with h dominated by that token's embedding), which makes greedy checks meaningless.
     """
-
     if heads % kv_heads:
         raise ValueError(f"tiny_qwen3_config: heads ({heads}) must be divisible by kv_heads ({kv_heads})")
     has_qwen_ids = vocab_size > QWEN3_EOS_ID
@@ -64,7 +63,6 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
 
     `overrides` go to `tiny_qwen3_config` (hidden_size, num_layers, heads, kv_heads, ...).
     """
-
     config = tiny_qwen3_config(vocab_size, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

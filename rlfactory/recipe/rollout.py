@@ -1,6 +1,6 @@
 """The `rollout:` section of a recipe: engine, sampling, limits, horizon schedule.
 
-Owned by the rollout package; `rlfactory/config.py` assembles it into the Recipe.
+Read by rlfactory/rollout/; `schema.py` assembles it into the Recipe.
 """
 from __future__ import annotations
 

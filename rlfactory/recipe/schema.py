@@ -66,7 +66,6 @@ class Recipe(Section):
     """Steps, intervals, output folder, seed, logging, device."""
     sft: SFTConfig | None = None
     """Optional supervised warm-up run by `rlfactory sft RECIPE` (see rlfactory/warmup/)."""
-
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: str | None = PrivateAttr(default=None)
 

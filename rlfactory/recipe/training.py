@@ -11,9 +11,9 @@ from pydantic import Field
 
 from rlfactory.recipe.section import Section
 
-# Tokenizer names that are not paths (built in by rlfactory/models.py).
+# Tokenizer names that are not paths (built in by rlfactory/models/tokenizer.py).
 BUILTIN_TOKENIZERS = ("qwen3-offline",)
-# `model.path` value that is not a path: a randomly initialised tiny Qwen3 (rlfactory/models.py `build_tiny_qwen3`)
+# `model.path` value that is not a path: a randomly initialised tiny Qwen3 (rlfactory/models/tiny.py `build_tiny_qwen3`)
 # with Qwen3's full vocabulary and the offline Qwen3 tokenizer. For CPU smoke runs of the whole path on the local
 # engine (it learns nothing useful); the verl engine rejects it (its workers load a model folder).
 TINY_RANDOM_MODEL = "tiny-random"

@@ -24,7 +24,7 @@ class MetricsLog:
         self.tb = None
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional (trainer.log.tensorboard), ~1 s
 
                 # purge_step drops events a killed run wrote past its last checkpoint.
                 self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge_step)

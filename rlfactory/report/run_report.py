@@ -23,7 +23,6 @@ logger = logging.getLogger(__name__)
 def _run_tokenizer(run: Path) -> Any | None:
     """The run's tokenizer (from the resolved recipe.yaml it saved, loaded as training loads it), so the viewer shows
     token texts; None if it cannot be loaded (the viewer then shows token ids)."""
-
     try:
         return load_tokenizer(Recipe.from_yaml(run / "recipe.yaml"))
     except Exception as e:  # the viewer works without it

@@ -1,6 +1,6 @@
 """`Trajectory`: the one record of a finished rollout, shared by both engines, rewards, training and the viewer.
 
-Conversion to verl's DataProto happens only at the verl boundary (`rlfactory/train/verl_*`), not here.
+Conversion to verl's DataProto happens only at the verl boundary (`rlfactory/verl/`), not here.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ The trained reward is the weighted sum; weight 0 = a metric only. A function tha
 else) is counted in `reward/errors`, logged with the trajectory id, and its sample gets `failure_value` and
 `reward_failed = True`: never a silent 0.
 
-What is left out: reward normalisation and advantages (train/), and the reward functions themselves (rewards/).
+What is left out: reward normalisation and advantages (rlfactory/algorithms/), finding the functions (`loader.py`),
+and the reward functions themselves (the top-level rewards/, installed as rlfactory.rewards).
 """
 from __future__ import annotations
 

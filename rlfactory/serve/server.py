@@ -292,7 +292,6 @@ def load_server(model: str, *, tokenizer: str | None = None, seed: int = 0, devi
 
     `tokenizer`: a tokenizer dir, or `qwen3-offline`; default: the model dir's own tokenizer, else qwen3-offline.
     """
-
     if model == TINY_RANDOM:
         tok = load_qwen_tokenizer() if tokenizer in (None, "qwen3-offline") else None
         lm = build_tiny_qwen3(QWEN3_MODEL_VOCAB_SIZE, seed=seed).to(resolve_device(device))

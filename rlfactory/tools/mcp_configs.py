@@ -292,15 +292,19 @@ def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
             else:
                 close = difflib.get_close_matches(name, list(servers), n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                problems.append(f"tools.servers: no server {name!r} in tools.mcp_configs ({hint}servers there: {known})")
+                problems.append(f"tools.servers: no server {name!r} in tools.mcp_configs ({hint}servers there: "
+                                f"{known})")
     for name, patch in tools.server_settings.items():
         if name not in chosen:
-            problems.append(f"tools.server_settings.{name}: no such server among those used ({', '.join(chosen) or 'none'})")
+            used = ", ".join(chosen) or "none"
+            problems.append(f"tools.server_settings.{name}: no such server among those used ({used})")
             continue
         cfg = chosen[name]
-        chosen[name] = dataclasses.replace(cfg, settings=cfg.settings.model_copy(update=patch.model_dump(exclude_none=True)))
+        settings = cfg.settings.model_copy(update=patch.model_dump(exclude_none=True))
+        chosen[name] = dataclasses.replace(cfg, settings=settings)
     if problems:
-        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} problems in tools", problems=problems)
+        head = problems[0] if len(problems) == 1 else f"{len(problems)} problems in tools"
+        raise ConfigError(head, problems=problems)
     return chosen
 
 

@@ -9,7 +9,7 @@ healthy when it starts and answers the probe — a tool error from the minimal a
 Servers prepare themselves at start-up (e.g. the search server builds its index on first start), so "prepare" here
 is starting them once; the embedded cache is launched when it is the configured backend.
 
-Left out: printing (`rlfactory/commands/tools.py`).
+Left out: printing (`rlfactory/cli/tools.py`).
 """
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     if not (path / STATE_FILE).is_file():
         raise RLFactoryError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     if is_peft(model):
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # only for LoRA checkpoints: importing peft costs seconds
 
         set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
     else:

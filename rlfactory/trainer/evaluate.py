@@ -11,12 +11,13 @@ from typing import Any
 from safetensors.torch import load_file
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.checkpoint import is_peft, model_dir_of
 from rlfactory.trainer.loop import LocalTrainer
 from rlfactory.trainer.wiring import open_rollout_side
 
 
-async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir: str | Path | None) -> dict:
+async def _evaluate_async(recipe: Recipe, checkpoint: str | Path | None, output_dir: str | Path | None) -> dict:
 
     src = model_dir_of(checkpoint) if checkpoint is not None else None
     full_model = src is not None and src.name != "adapter"
@@ -28,7 +29,7 @@ async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir
         if not is_peft(trainer.model):
             raise RLFactoryError(f"{checkpoint} holds a LoRA adapter but the recipe has model.lora.enabled: false; "
                                  f"pass --set model.lora.enabled=true")
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # only for LoRA checkpoints: importing peft costs seconds
 
         set_peft_model_state_dict(trainer.model, load_file(str(src / "adapter_model.safetensors")))
     async with open_rollout_side(recipe, trainer.model, trainer.tokenizer, trainer.device, trainer.out) as side:
@@ -37,7 +38,7 @@ async def _evaluate_async(recipe: Any, checkpoint: str | Path | None, output_dir
     return res
 
 
-def evaluate_local(recipe: Any, checkpoint: str | Path | None = None,
+def evaluate_local(recipe: Recipe, checkpoint: str | Path | None = None,
                    output_dir: str | Path | None = None) -> dict[str, Any]:
     """`rlfactory eval`: mean reward and pass@k of a model/checkpoint on the recipe's validation set."""
     return asyncio.run(_evaluate_async(recipe, checkpoint, output_dir))

@@ -42,6 +42,7 @@ from rlfactory.algorithms.grpo import (
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.loading import load_policy, load_tokenizer, pad_id_of
+from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog
 from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
@@ -98,7 +99,7 @@ def _step_seed(seed: int, step: int, salt: int) -> int:
 
 class LocalTrainer:
     """Holds the model, optimizer and run state; `await run()` trains. Built by `train_local(recipe)`."""
-    def __init__(self, recipe: Any, *, resume: bool = False, progress: bool = False,
+    def __init__(self, recipe: Recipe, *, resume: bool = False, progress: bool = False,
                  model_path: str | Path | None = None, for_eval: bool = False):
         """`model_path` replaces `model.path` (a checkpoint's model folder, for eval); `for_eval` skips the
         reference model."""
@@ -360,7 +361,7 @@ class LocalTrainer:
         return res
 
 
-def train_local(recipe: Any, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+def train_local(recipe: Recipe, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:
     """Run the recipe on the local engine; returns the summary dict."""
     trainer = LocalTrainer(recipe, resume=resume, progress=progress)
     return asyncio.run(trainer.run())

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from rlfactory.models.loading import pad_id_of
+from rlfactory.recipe.schema import Recipe
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
@@ -35,12 +36,11 @@ class RolloutSide:
     cache: Any | None
 
 
-async def start_tool_side(recipe: Any, tokenizer: Any, run_dir: str | Path) -> tuple[Any, Any, Any, Any]:
+async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path) -> tuple[Any, Any, Any, Any]:
     """The recipe's tool cache and started ToolManager (both None without `tools.mcp_configs`), RewardSet and
     ChatFormat: built the same way for the local engine and for verl's agent-loop workers. The embedded cache's file
     lives in `run_dir`. On failure, whatever was started is stopped again; else the caller stops it
     (`close_tool_side`)."""
-
     cache = tools = None
     try:
         if recipe.tools.mcp_configs:
@@ -67,7 +67,7 @@ async def close_tool_side(tools: Any | None, cache: Any | None) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_rollout_side(recipe: Any, model: Any, tokenizer: Any, device: Any,
+async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: Any,
                             run_dir: str | Path) -> AsyncIterator[RolloutSide]:
     """Start the tool servers and the engine; stop both on exit (also on errors and Ctrl-C)."""
     cache = tools = engine = None

@@ -78,7 +78,7 @@ class VerlServerEngine:
 
 @dataclass
 class _WorkerState:
-    recipe: Any
+    recipe: Recipe
     chat: Any
     tools: Any
     rewards: Any
@@ -126,7 +126,7 @@ def _plain(value: Any) -> Any:
 
 
 def task_from_sample(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Our task dict from a verl sample: `extra_info.task_json` (rows written by verl_engine), else the raw chat
+    """Our task dict from a verl sample: `extra_info.task_json` (rows written by launch.prepare), else the raw chat
     prompt and `reward_model.ground_truth` (any verl dataset)."""
     extra = _plain(kwargs.get("extra_info")) or {}
     if isinstance(extra, dict) and extra.get("task_json"):
@@ -156,7 +156,7 @@ def next_sample_index(group_id: str) -> int:
     return index
 
 
-def horizon_at(horizon_cfg: Any, global_steps: Any) -> int:
+def horizon_at(horizon_cfg: HorizonConfig, global_steps: Any) -> int:
     """Max assistant turns at verl's `global_steps` (1-based; absent on verl's v0 trainer -> the first stage)."""
     step = 0 if global_steps is None else max(int(_plain(global_steps)) - 1, 0)
     return horizon_for_step(horizon_cfg, step)
@@ -172,7 +172,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         self.horizon_cfg_raw = custom.get("horizon")
         self.score_in_loop = bool(custom.get("score_in_loop", True))
 
-    def _horizon_cfg(self, recipe: Any) -> Any:
+    def _horizon_cfg(self, recipe: Recipe) -> HorizonConfig:
         """The schedule from verl's config (`rollout.custom.rlfactory.horizon`), else the recipe's."""
         if not self.horizon_cfg_raw:
             return recipe.rollout.horizon

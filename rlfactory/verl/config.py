@@ -8,14 +8,14 @@ written overrides double as a command line for `python -m verl.trainer.main_ppo`
   GPU memory share, `rollout.n` = samples per prompt, temperature-scaled logprobs (our convention);
 - batch sizes in verl's units (see `batch_sizes`), KL loss, clip ratios, lr/warm-up/grad clip, steps, save and test
   intervals, output folders;
-- rlfactory's agent loop (`agent_loop_config_path`, a YAML list naming `verl_agent_loop.RLFactoryAgentLoop` with the
-  recipe path as a constructor argument) as the default loop, the reward bridge (`verl_reward.compute_score`) as
+- rlfactory's agent loop (`agent_loop_config_path`, a YAML list naming `rlfactory.verl.agent_loop.RLFactoryAgentLoop` with the
+  recipe path as a constructor argument) as the default loop, the reward bridge (`rlfactory.verl.reward.compute_score`) as
   verl's custom reward function, and the horizon schedule under `actor_rollout_ref.rollout.custom.rlfactory`.
 
 Checks: first our own, naming recipe fields (GPU divisibility of the batch, lengths); then verl's
 `validate_config` and `omega_conf_to_dataclass` of the actor, rollout, model (only when the model folder exists:
 verl loads its tokenizer) and algorithm sections; verl's messages are re-raised naming the recipe fields behind the
-verl keys they mention. Left out: launching (`verl_engine.py`), data conversion (`verl_engine.py`).
+verl keys they mention. Left out: launching and data conversion (`launch.py`).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from rlfactory.errors import ConfigError
+from rlfactory.recipe.schema import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ VERL_TO_RECIPE: dict[str, str] = {
 
 @dataclass
 class VerlFiles:
-    """Where the verl run's inputs live (all written by `verl_engine.prepare`)."""
+    """Where the verl run's inputs live (all written by `launch.prepare`)."""
     output_dir: Path
     recipe: Path
     """The resolved recipe (absolute paths) the agent loop and reward bridge load in every Ray worker."""
@@ -94,11 +95,11 @@ class VerlFiles:
         return self.output_dir / "verl_overrides.txt"
 
 
-def n_gpus(recipe: Any) -> int:
+def n_gpus(recipe: Recipe) -> int:
     return recipe.verl.nnodes * recipe.verl.gpus_per_node
 
 
-def batch_sizes(recipe: Any) -> dict[str, int]:
+def batch_sizes(recipe: Recipe) -> dict[str, int]:
     """The recipe's batch sizes in verl's units.
 
     - `train_batch_size`: PROMPTS per step (verl multiplies by `rollout.n` for trajectories).
@@ -115,7 +116,7 @@ def batch_sizes(recipe: Any) -> dict[str, int]:
             "ppo_micro_batch_size_per_gpu": min(a.micro_batch_size, per_gpu)}
 
 
-def lengths(recipe: Any) -> dict[str, int]:
+def lengths(recipe: Recipe) -> dict[str, int]:
     """Token lengths: verl pads prompts to `max_prompt_length` and responses (policy + tool tokens) to
     `max_response_length`; vLLM's `max_model_len` is our context limit."""
     r = recipe.rollout
@@ -123,7 +124,7 @@ def lengths(recipe: Any) -> dict[str, int]:
             "max_response_length": r.max_response_tokens, "max_model_len": r.max_context_tokens}
 
 
-def recipe_problems(recipe: Any) -> list[str]:
+def recipe_problems(recipe: Recipe) -> list[str]:
     """What verl would reject, said in the recipe's own field names (checked before composing)."""
     problems = []
     b, ln, gpus = batch_sizes(recipe), lengths(recipe), n_gpus(recipe)
@@ -155,11 +156,11 @@ def recipe_problems(recipe: Any) -> list[str]:
     return problems
 
 
-def _dtype(recipe: Any) -> str:
+def _dtype(recipe: Recipe) -> str:
     return "bfloat16" if recipe.model.dtype in ("auto", "bfloat16") else recipe.model.dtype
 
 
-def verl_settings(recipe: Any, files: VerlFiles, *, train_rows: int, resume: bool = False) -> dict[str, Any]:
+def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: bool = False) -> dict[str, Any]:
     """verl dotted key -> value, everything the recipe decides (verl's defaults stand for the rest)."""
     a, r, t, v = recipe.algorithm, recipe.rollout, recipe.trainer, recipe.verl
     b, ln = batch_sizes(recipe), lengths(recipe)
@@ -176,7 +177,7 @@ def verl_settings(recipe: Any, files: VerlFiles, *, train_rows: int, resume: boo
         "algorithm.adv_estimator": "grpo",
         "algorithm.norm_adv_by_std_in_grpo": a.norm_adv_by_std,
         "algorithm.use_kl_in_reward": False,
-        # -- data: parquet rows written by verl_engine.prepare
+        # -- data: parquet rows written by launch.prepare
         "data.train_files": str(files.train_parquet),
         "data.val_files": str(files.val_parquet or files.train_parquet),
         "data.val_max_samples": recipe.data.max_val_tasks or -1,
@@ -325,10 +326,9 @@ def _recipe_fields_in(message: str) -> list[str]:
     return sorted({field for key, field in VERL_TO_RECIPE.items() if key in message})
 
 
-def validate(cfg: Any, recipe: Any) -> list[str]:
+def validate(cfg: Any, recipe: Recipe) -> list[str]:
     """verl's own checks on the composed config; raises ConfigError naming the recipe fields behind verl's keys.
     Returns warnings (e.g. the model section not checked because the model folder is absent)."""
-
     warnings: list[str] = []
     sections = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
                 ("actor_rollout_ref.rollout", cfg.actor_rollout_ref.rollout), ("algorithm", cfg.algorithm)]
@@ -357,7 +357,7 @@ def validate(cfg: Any, recipe: Any) -> list[str]:
     return warnings
 
 
-def build_verl_config(recipe: Any, files: VerlFiles, *, train_rows: int, resume: bool = False
+def build_verl_config(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: bool = False
                       ) -> tuple[Any, list[str], list[str]]:
     """Compose and validate verl's config for `recipe`. Returns (DictConfig, overrides, warnings)."""
     problems = recipe_problems(recipe)

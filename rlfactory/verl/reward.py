@@ -11,7 +11,7 @@ decoded response INCLUDING template and tool tokens. This module rebuilds a Traj
 chat template's role markers (or, as verl decodes without special tokens, at the bare `user` / `assistant`
 lines around `<tool_response>` blocks), tool calls parsed from the assistant turns and paired with the `<tool_response>`
 blocks that follow (a response starting with "Error" counts as a failed call). Latencies and cache hits are unknown
-here (0 / false). The task (answer, metadata) comes from `extra_info.task_json` (rows written by verl_engine), else
+here (0 / false). The task (answer, metadata) comes from `extra_info.task_json` (rows written by launch.prepare), else
 from `ground_truth`. Returns {"score": weighted reward, "<function name>": component, ...}, the same keys for every
 sample. Left out: per-turn (step) rewards, which verl's reward path cannot place: they are summed into the score.
 """

@@ -18,6 +18,8 @@ import logging
 from typing import Any
 
 from rlfactory.data.tasks import load_tasks
+from rlfactory.recipe.schema import Recipe
+from rlfactory.recipe.sft import SFTCheckConfig
 from rlfactory.rewards.qa import extract_answer
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
@@ -57,8 +59,8 @@ def score_trajectories(trajs: list[Any]) -> dict[str, float]:
     }
 
 
-async def usable_start_check(recipe: Any, cfg: Any, model: Any, tokenizer: Any, manager: Any, seed: int = 0
-                             ) -> dict[str, Any]:
+async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, tokenizer: Any, manager: Any,
+                             seed: int = 0) -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
     tasks = load_tasks(recipe.data.val_file, recipe.data, limit=cfg.tasks)
     chat = ChatFormat(tokenizer, manager.openai_schemas(), enable_thinking=recipe.rollout.enable_thinking,

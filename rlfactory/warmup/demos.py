@@ -107,7 +107,6 @@ async def generate_demos(
 
     Tool results that disagree with a task's reference answer are dropped (and counted): a demo must be right.
     """
-
     rng = random.Random(seed)
     tools = [spec.to_openai() for spec in manager.specs]
     direct_ids = {i for i in range(len(tasks)) if rng.random() < direct_fraction}

@@ -90,7 +90,7 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
     return recipe, sft
 
 
-async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: ProgressFn | None = None
+async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress: ProgressFn | None = None
                          ) -> dict[str, list[dict[str, Any]]]:
     """Generate every demo set of the recipe through its real tools; each is also written to `out_dir/NAME.jsonl`."""
     sets: dict[str, list[dict[str, Any]]] = {}
@@ -113,7 +113,7 @@ async def make_demo_sets(recipe: Any, sft: SFTConfig, out_dir: Path, progress: P
     return sets
 
 
-def _build_model(recipe: Any, sft: SFTConfig, tokenizer: Any) -> Any:
+def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
 
     if sft.init == "model" and is_tiny_random(recipe):
         model = build_tiny_random(recipe, "float32", "cpu")
@@ -144,7 +144,7 @@ def _load_tokenizer(path: str) -> Any:
     return tok
 
 
-async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """The whole warm-up; returns its summary (also written to `<output_dir>/sft_summary.json`)."""
     t_start = time.perf_counter()
     torch.set_num_threads(sft.torch_threads)
@@ -211,11 +211,10 @@ async def run_sft(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = Non
     return summary
 
 
-async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer: Any = None,
+async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokenizer: Any = None,
                       progress: ProgressFn | None = None) -> dict[str, Any]:
     """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
     Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
-
     if not (sft.check.tasks and recipe.data.val_file):
         return {}
     if model is None:
@@ -229,7 +228,7 @@ async def check_model(recipe: Any, sft: SFTConfig, model: Any = None, tokenizer:
     return check
 
 
-async def check_saved(recipe: Any, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
+async def check_saved(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """`rlfactory sft RECIPE --check-only`: check the model folder the recipe wrote, record it in its summary."""
     torch.set_num_threads(sft.torch_threads)
     out = Path(sft.output_dir)

@@ -7,7 +7,8 @@ delta the template puts after an assistant turn (mask 0). So what SFT teaches is
 
 What is here: config, encoding, batching, the optimisation loop (AdamW, linear warm-up, grad clipping, phases) and
 saving an HF model folder. What is not: making demonstrations (`demos.py`), building a tokenizer
-(`tokenizer_builder.py`), the end-to-end command with its usable-start check (`sft_run.py`).
+(`tokenizer_builder.py`), the end-to-end command with its usable-start check (`run.py`, `check.py`). The `sft:`
+section itself is rlfactory/recipe/sft.py.
 """
 from __future__ import annotations
 
@@ -102,7 +103,6 @@ def train_phases(
 ) -> list[dict[str, Any]]:
     """Run the phases in order (a fresh AdamW per phase, linear warm-up then a constant rate); returns one metrics
     dict per step (`phase`, `step`, `loss`, `lr`, `grad_norm`, `tokens`, `time_s`)."""
-
     rng = random.Random(seed)
     history: list[dict[str, Any]] = []
     model.train()

@@ -95,7 +95,6 @@ def build_tokenizer(
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
     times, so the result may be smaller.
     """
-
     if not transcripts:
         raise ValueError("build_tokenizer needs at least one transcript to train on")
     base = _empty_byte_level_tokenizer()

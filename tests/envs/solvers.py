@@ -68,8 +68,8 @@ class BabyAIShadow:
         self.bot = BabyAIBot(self.env)
 
     def next_action(self) -> str:
-        from rlfactory.envs.babyai import action_name
+        from rlfactory.envs.babyai import ACTIONS
 
         index = int(self.bot.replan())
         self.env.step(index)
-        return action_name(index)
+        return next(name for name, i in ACTIONS.items() if i == int(index))

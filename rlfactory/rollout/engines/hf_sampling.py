@@ -124,9 +124,3 @@ class RowSampler:
         token_logp = (logits.gather(1, chosen[:, None]).squeeze(1) - top.squeeze(1)) / temps - log_norm  # [B]
         return chosen.tolist(), token_logp.tolist()
 
-
-def sample_rows(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[Any]
-) -> tuple[list[int], list[float]]:
-    """Pick one token per row with a throwaway `RowSampler` (engines keep one to reuse its workspace)."""
-    return RowSampler()(logits, params, generators)

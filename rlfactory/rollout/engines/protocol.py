@@ -1,6 +1,6 @@
 """`GenerationEngine`: token ids in, token ids (+ logprobs) out. The only interface the AgentLoop needs.
 
-Implementations: `hf_engine.HFEngine` (transformers, dynamic batching) and `vllm_engine.VLLMEngine` (vLLM async
+Implementations: `hf.HFEngine` (transformers, dynamic batching) and `vllm.VLLMEngine` (vLLM async
 engine, lazily imported). Engines never see text the policy produced as text: no decode-and-re-encode here.
 """
 from __future__ import annotations

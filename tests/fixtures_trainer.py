@@ -1,14 +1,12 @@
-"""Session fixtures for the training tests: one tiny real setup (tokenizer trained on calculator transcripts, random
-tiny Qwen3, arithmetic tasks, the real calculator MCP server, a recipe), built once and copied per test."""
+"""Session fixtures for the trainer, algorithm and rollout-CLI tests: one tiny real setup (tokenizer trained on
+calculator transcripts, random tiny Qwen3, arithmetic tasks, the real calculator MCP server, a recipe), built once
+and copied per test."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")
