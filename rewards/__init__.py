@@ -1,7 +1,7 @@
 """Reward functions users read, use by name in a recipe, and copy as a starting point for their own.
 
 Each is a plain function whose parameter names say what it needs (`completion`, `answer`, `tool_calls`, `task`,
-`trajectory`, ...; see rlfactory/scoring/rewardset.py) and whose keyword arguments come from the recipe's `kwargs`:
+`trajectory`, ...; see rlfactory/reward.py) and whose keyword arguments come from the recipe's `kwargs`:
 
     rewards:
       functions:

@@ -183,7 +183,6 @@ async def llm_judge(
             **(extra_body or {})}
     key = None
     if cache is not None:
-
         key = cache_key("judge", model, {"request": body, "max_score": max_score}, base_url.rstrip("/"))
         hit = await cache.get(key)
         if hit is not None:
@@ -211,7 +210,6 @@ async def llm_judge(
             raise JudgeError(f"judge {model} at {base_url} gave no verdict after {retries + 1} attempts: {problem}")
 
     if cache is not None and key is not None:
-
         verdict = ToolResult(name="judge", server="judge", text=json.dumps({"score": score, "reply": reply}))
         await cache.set(key, verdict, cache_ttl_s)
     return score

@@ -46,7 +46,6 @@ _SHORTCUTS = {
 
 
 def _check_or_raise(recipe: Recipe, *, for_training: bool) -> None:
-
     check = check_loaded_recipe(recipe, for_training=for_training)
     if not check.ok:
         head = check.errors[0] if len(check.errors) == 1 else f"{len(check.errors)} problems in the recipe:"
@@ -100,8 +99,8 @@ class RLFactory:
     `recipe=` starts from a YAML file; `tools` is one or more mcpServers JSON files; `reward_function` is a function
     (or a list of them, or `(function, weight)` pairs); shortcuts (`model`, `servers`, `train_file`, `val_file`,
     `output_dir`, `total_steps`, `prompts_per_step`, `samples_per_prompt`, `learning_rate`, `seed`, `engine`) and
-    dotted keys (`**{"rollout.sampling.temperature": 0.8}`) set any other field. Relative paths resolve against the recipe's
-    folder, or the working directory without a recipe."""
+    dotted keys (`**{"rollout.sampling.temperature": 0.8}`) set any other field. Relative paths resolve against the
+    recipe's folder, or the working directory without a recipe."""
 
     def __init__(self, *, recipe: str | Path | None = None, tools: str | list[str] | None = None,
                  reward_function: Any = None, **overrides: Any):
@@ -135,7 +134,6 @@ class RLFactory:
 
 
 def _yaml_scalar(value: Any) -> str:
-
     text = yaml.safe_dump(value, default_flow_style=True).strip()
     return text[:-4].strip() if text.endswith("\n...") or text.endswith(" ...") else text.removesuffix("...")
 

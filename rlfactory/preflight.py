@@ -22,7 +22,7 @@ from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems
 from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
-from rlfactory.scoring.loader import load_reward_functions
+from rlfactory.reward import load_reward_functions
 from rlfactory.tools.mcp_configs import load_recipe_servers
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,6 @@ def validate_recipe(path: str | Path, overrides: list[str] | None = None) -> lis
 
 # ------------------------------------------------------------------------------------------------------ checks
 def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: list[str]) -> None:
-
     model_dir = Path(r.model.path)
     if r.model.path == TINY_RANDOM_MODEL:
         if r.engine == "verl":
@@ -227,7 +226,7 @@ def _check_tools(r: Recipe, errors: list[str]) -> None:
             errors.append("tools.servers / tools.server_settings name servers, but tools.mcp_configs is empty")
         return
     missing = [p for p in r.tools.mcp_configs if not Path(p).is_file()]
-    errors.extend(f"tools.mcp_configs: file not found: {p}" for p in missing)
+    errors.extend(f"tools.mcp_configs: file not found: {p}{_moved_config_hint(p)}" for p in missing)
     if not missing:
         try:
             load_recipe_servers(r.tools)
@@ -236,6 +235,28 @@ def _check_tools(r: Recipe, errors: list[str]) -> None:
             errors.extend(m if m.startswith("tools.") else f"tools.mcp_configs: {where}{m}" for m in e.problems)
     if r.tools.cache.backend == "redis" and not r.tools.cache.url:
         errors.append("tools.cache.url: required when tools.cache.backend is redis (e.g. redis://127.0.0.1:6379/0)")
+
+
+# The per-recipe copies that recipes/mcp/ held until the configs were merged: file -> (shared file, its servers).
+MOVED_CONFIGS = {
+    "calculator.json": ("mcp_configs/default.json", "calculator"),
+    "calculator_python.json": ("mcp_configs/default.json", "calculator, python"),
+    "deepsearch_search.json": ("mcp_configs/deepsearch.json", "deepsearch_search"),
+    "env_textcraft.json": ("mcp_configs/envs.json", "textcraft"),
+    "env_babyai.json": ("mcp_configs/envs.json", "babyai"),
+    "env_sciworld.json": ("mcp_configs/envs.json", "sciworld"),
+    "env_deepsearch.json": ("mcp_configs/envs.json", "deepsearch"),
+    "env_webarena.json": ("examples/agentgym_bridge.json", "webarena"),
+}
+
+
+def _moved_config_hint(path: str) -> str:
+    p = Path(path)
+    if p.parent.name != "mcp" or p.name not in MOVED_CONFIGS:
+        return ""
+    shared, servers = MOVED_CONFIGS[p.name]
+    return (f" (recipes/mcp/ was merged into shared files: use `mcp_configs: [../{shared}]` with "
+            f"`servers: [{servers}]`)")
 
 
 def _check_rewards(r: Recipe, errors: list[str], *, required: bool) -> None:

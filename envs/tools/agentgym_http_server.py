@@ -29,13 +29,11 @@ ENVS: dict[str, str] = {
 
 
 def env_factory(name: str) -> Callable[[], Env]:
-
     module, _, attr = ENVS[name].partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
 def make_app(env_name: str, id_key: str = "id", max_episodes: int = 1024):
-
     registry: EpisodeRegistry[Env] = EpisodeRegistry(env_factory(env_name), max_episodes=max_episodes)
     ids = itertools.count()
     ids_lock = threading.Lock()

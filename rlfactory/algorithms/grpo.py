@@ -22,8 +22,8 @@ from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
 from rlfactory.recipe.training import AlgorithmConfig
+from rlfactory.reward import token_level_rewards
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.scoring.rewardset import token_level_rewards
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any, Coroutine, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rlfactory.errors import RLFactoryError
 from rlfactory.starter import find_recipe
@@ -22,7 +23,7 @@ SET_HELP = ("Override a recipe field: --set dotted.key=value (repeatable; values
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print a user-facing error (no traceback) and exit non-zero."""
-    err_console.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -47,7 +48,7 @@ def check_or_fail(recipe_path: Path, overrides: list[str], *, for_training: bool
     recipe_path = recipe_file(recipe_path)
     check = check_recipe(recipe_path, overrides, for_training=for_training)
     for w in check.warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if not check.ok:
         n = len(check.errors)
         fail(f"{recipe_path}: {n} problem{'s' if n > 1 else ''} (nothing was started):\n"

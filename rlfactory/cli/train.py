@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
+from rich.markup import escape
 
 from rlfactory.cli.common import RECIPE_HELP, SET_HELP, check_or_fail, console, err_console, fail, recipe_file
 from rlfactory.errors import RLFactoryError
@@ -29,10 +30,10 @@ def validate_cmd(
     recipe = recipe_file(recipe)
     check = check_recipe(recipe, set_)
     for w in check.warnings:
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if not check.ok:
         for e in check.errors:
-            err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/bold red] {escape(e)}", highlight=False, soft_wrap=True)
         n = len(check.errors)
         err_console.print(f"{recipe}: {n} problem{'s' if n > 1 else ''}", highlight=False)
         raise typer.Exit(1)
@@ -88,7 +89,7 @@ def _verl(recipe: Recipe, *, dry_run: bool, resume: bool) -> None:
     except RLFactoryError as e:
         fail(str(e))
     for w in (summary or {}).get("warnings", []):
-        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if summary and not summary.get("launched"):
         console.print(f"[green]ok[/green] verl config checked against verl's schema: {summary['config']} "
                       f"(overrides in {summary['overrides']}, {summary['train_rows']} training rows); nothing "

@@ -45,7 +45,6 @@ SPLITS: dict[str, tuple[range, range]] = {
 
 
 def textcraft_prompt(task_id: int) -> str:
-
     goal = TextCraftEnv().reset(task_id).info["goal"]
     return (f"TextCraft task {task_id}: craft {goal}. The crafting commands are below. "
             "Call step with one action at a time: `get <count> <item>`, "
@@ -66,7 +65,6 @@ def sciworld_prompt(task_id: int) -> str:
 
 
 def deepsearch_prompt(task_id: int) -> str:
-
     question = load_questions()[task_id % len(load_questions())]["question"]
     return (f"Deep Search task {task_id}: {question}\nSearch as often as you "
             "need, then call answer with a short answer (that ends the task).")

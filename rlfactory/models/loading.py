@@ -52,18 +52,23 @@ def load_tokenizer(recipe: Recipe, model_path: str | Path | None = None) -> Any:
     A `tiny-random` model uses the offline Qwen3 tokenizer (also for its checkpoints, which hold no tokenizer)."""
     path = recipe.tokenizer.path or ("qwen3-offline" if is_tiny_random(recipe)
                                      else str(model_path or recipe.model.path))
-    if path == "qwen3-offline":
-        tok = load_qwen_tokenizer()
-    else:
-
-        try:
-            tok = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            raise RLFactoryError(f"tokenizer: cannot load {path!r}: {e}. Point tokenizer.path (or model.path) at a "
-                                 f"folder with tokenizer files, or use tokenizer.path: qwen3-offline") from None
+    tok = load_tokenizer_from(path, field="tokenizer.path (or model.path)")
     if recipe.tokenizer.chat_template:
         tok.chat_template = Path(recipe.tokenizer.chat_template).read_text()
-    elif not getattr(tok, "chat_template", None):
+    return tok
+
+
+def load_tokenizer_from(path: str | Path, *, field: str = "the tokenizer") -> Any:
+    """A tokenizer folder (never downloaded), or `qwen3-offline`; the Qwen3 chat template is attached when the folder
+    has none. `field` names what the user set, for the error message."""
+    if str(path) == "qwen3-offline":
+        return load_qwen_tokenizer()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise RLFactoryError(f"{field}: cannot load a tokenizer from {str(path)!r}: {e}. Point it at a folder with "
+                             f"tokenizer files, or use qwen3-offline") from None
+    if not getattr(tok, "chat_template", None):
         tok = attach_chat_template(tok)
     return tok
 

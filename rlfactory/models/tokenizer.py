@@ -165,7 +165,6 @@ def load_qwen_tokenizer(cache_dir: str | os.PathLike | None = None, *, rebuild: 
         if _save_atomically(backend, cache):
             tok = _wrap(cache / "tokenizer.json")
         else:
-
             with tempfile.TemporaryDirectory() as tmp:
                 backend.save(str(Path(tmp) / "tokenizer.json"))
                 tok = _wrap(Path(tmp) / "tokenizer.json")

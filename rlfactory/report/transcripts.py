@@ -16,7 +16,6 @@ def save_transcripts(path: Path, trajectories: list[Any]) -> None:
 
 
 def load_transcripts(folder: Path) -> list[Any]:
-
     out = []
     for f in sorted(folder.glob("*.jsonl")):
         for ln in f.read_text().splitlines():

@@ -20,7 +20,7 @@ Environment servers (`env_glue.py`): calls to tools taking `episode_id` get the 
 row with `env: {server, task_id}` has its episode reset before the first turn, the observation appended to the
 prompt as a user message; the trajectory's episodes are closed when it ends, whatever the reason.
 
-Left out: rewards (`rlfactory.scoring`), tool-call syntax (`rlfactory.tools.format`), text truncation
+Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
 (`truncation.py`), batching inside the engine (`engines/hf.py`).
 """
 from __future__ import annotations

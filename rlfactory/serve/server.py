@@ -28,13 +28,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoTokenizer
 
 from rlfactory.errors import RLFactoryError
 from rlfactory.models.devices import resolve_device
-from rlfactory.models.loading import load_model
+from rlfactory.models.loading import load_model, load_tokenizer_from
 from rlfactory.models.tiny import build_tiny_qwen3
-from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
+from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import SamplingParams
 from rlfactory.tools.format import OPEN_TAG, parse_tool_calls
@@ -304,14 +303,6 @@ def load_server(model: str, *, tokenizer: str | None = None, seed: int = 0, devi
         has_own = (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
         tok = load_qwen_tokenizer() if tokenizer == "qwen3-offline" or (tokenizer is None and not has_own) else None
     if tok is None:
-
-        src = tokenizer or model
-        try:
-            tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
-        except Exception as e:  # noqa: BLE001 - any loading failure is the user's path
-            raise RLFactoryError(f"could not load a tokenizer from '{src}': {e}; pass --tokenizer qwen3-offline "
-                                 f"for Qwen3 models") from e
-        if not getattr(tok, "chat_template", None):
-            tok = attach_chat_template(tok)
+        tok = load_tokenizer_from(tokenizer or model, field="--tokenizer" if tokenizer else "the model folder")
     name = served_name or (TINY_RANDOM if model == TINY_RANDOM else Path(model).resolve().name)
     return ChatServer(lm, tok, name, max_batch_size=max_batch_size, default_max_tokens=default_max_tokens)

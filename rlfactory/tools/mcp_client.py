@@ -153,7 +153,6 @@ class MCPConnection:
             self.lost = True
 
     def _http_transport(self, stack: AsyncExitStack) -> Any:
-
         client = create_mcp_http_client(headers=dict(self.cfg.headers) or None)
         stack.push_async_callback(client.aclose)
         return streamable_http_client(self.cfg.url or "", http_client=client)
@@ -272,7 +271,6 @@ class MCPConnection:
         if self.cfg.transport != "stdio" or self.session is None:
             return None
         if self._pid is None:
-
             me = psutil.Process()
             # direct children first: a wrapper command (npx, uvx, a shell) passes the tag on to its own children
             for child in [*me.children(), *me.children(recursive=True)]:

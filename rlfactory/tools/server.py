@@ -90,7 +90,6 @@ class ToolServer:
         t0 = time.perf_counter()
         self._sem = asyncio.Semaphore(self.settings.max_concurrency)
         if self.settings.rate_per_s is not None:
-
             rate = self.settings.rate_per_s
             limit = max(1, round(rate))
             self._throttler = Throttler(rate_limit=limit, period=limit / rate)

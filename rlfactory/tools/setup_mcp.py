@@ -201,7 +201,6 @@ async def run_setup(paths: Iterable[str | os.PathLike[str]], cache_cfg: CacheCon
     if cache_cfg is not None:
         cache_report, cache = await check_cache(cache_cfg, cache_path)
         if cache is not None and cache.url:
-
             env[CACHE_URL_ENV] = cache.url
     try:
         servers = await asyncio.gather(*(check_server(c, probe=probe, extra_env=env) for c in configs.values()))

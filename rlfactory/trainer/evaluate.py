@@ -18,7 +18,6 @@ from rlfactory.trainer.wiring import open_rollout_side
 
 
 async def _evaluate_async(recipe: Recipe, checkpoint: str | Path | None, output_dir: str | Path | None) -> dict:
-
     src = model_dir_of(checkpoint) if checkpoint is not None else None
     full_model = src is not None and src.name != "adapter"
     trainer = LocalTrainer(recipe, progress=False, model_path=src if full_model else None, for_eval=True)

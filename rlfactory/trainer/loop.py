@@ -46,10 +46,10 @@ from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog
 from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
+from rlfactory.reward import pass_at_k
 from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.engines.protocol import SamplingParams
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
-from rlfactory.scoring.pass_at_k import pass_at_k
 from rlfactory.trainer.checkpoint import is_peft, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.wiring import open_rollout_side
@@ -93,7 +93,6 @@ def _engine_busy_s(engine: Any) -> float:
 
 
 def _step_seed(seed: int, step: int, salt: int) -> int:
-
     return mix_seed(seed, step, salt)
 
 
@@ -148,7 +147,6 @@ class LocalTrainer:
 
     # ----------------------------------------------------------------------------------------------- run folder
     def _prepare_run_dir(self) -> dict[str, Any] | None:
-
         self.out.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.out) if self.resume else None
         if self.resume and ckpt is None:
@@ -179,7 +177,6 @@ class LocalTrainer:
         return state
 
     def _save(self) -> Path:
-
         state = {"data": self.sampler.state(), "horizon_stage": stage_for_step(self.recipe.rollout.horizon,
                                                                                 max(self.step - 1, 0)),
                  "rewards": self.rewards_so_far, "seed": self.recipe.trainer.seed}
@@ -265,8 +262,6 @@ class LocalTrainer:
         return out
 
     def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
-
-
         if self.ref_model is None:
             return None
         with torch.no_grad():

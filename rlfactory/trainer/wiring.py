@@ -14,10 +14,10 @@ from typing import Any, AsyncIterator
 
 from rlfactory.models.loading import pad_id_of
 from rlfactory.recipe.schema import Recipe
+from rlfactory.reward import RewardSet
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
-from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.cache.factory import make_cache
 from rlfactory.tools.manager import ToolManager
 

@@ -183,7 +183,6 @@ class RLFactoryAgentLoop(AgentLoopBase):
         return TypeAdapter(HorizonConfig).validate_python(raw)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-
         st = await worker_state(self.recipe_path, self.recipe_base_dir)
         task = task_from_sample(kwargs)
         horizon = horizon_at(self._horizon_cfg(st.recipe), kwargs.get("global_steps"))

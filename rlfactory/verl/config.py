@@ -8,9 +8,10 @@ written overrides double as a command line for `python -m verl.trainer.main_ppo`
   GPU memory share, `rollout.n` = samples per prompt, temperature-scaled logprobs (our convention);
 - batch sizes in verl's units (see `batch_sizes`), KL loss, clip ratios, lr/warm-up/grad clip, steps, save and test
   intervals, output folders;
-- rlfactory's agent loop (`agent_loop_config_path`, a YAML list naming `rlfactory.verl.agent_loop.RLFactoryAgentLoop` with the
-  recipe path as a constructor argument) as the default loop, the reward bridge (`rlfactory.verl.reward.compute_score`) as
-  verl's custom reward function, and the horizon schedule under `actor_rollout_ref.rollout.custom.rlfactory`.
+- rlfactory's agent loop (`agent_loop_config_path`, a YAML list naming `rlfactory.verl.agent_loop.RLFactoryAgentLoop`
+  with the recipe path as a constructor argument) as the default loop, the reward bridge
+  (`rlfactory.verl.reward.compute_score`) as verl's custom reward function, and the horizon schedule under
+  `actor_rollout_ref.rollout.custom.rlfactory`.
 
 Checks: first our own, naming recipe fields (GPU divisibility of the batch, lengths); then verl's
 `validate_config` and `omega_conf_to_dataclass` of the actor, rollout, model (only when the model folder exists:
@@ -307,7 +308,6 @@ def to_overrides(settings: dict[str, Any]) -> list[str]:
 
 
 def verl_config_dir() -> str:
-
     return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
 

@@ -78,7 +78,6 @@ def verl_rows(tasks: list[dict[str, Any]], data_source: str) -> list[dict[str, A
 
 
 def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
 

@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from rlfactory.recipe.schema import Recipe
+from rlfactory.reward import RewardSet
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
-from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.types import ToolCall
 

@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 
 def _answer(text: str) -> str:
-
     return extract_answer(text).strip()
 
 

@@ -17,13 +17,11 @@ from typing import Any, Callable
 
 import torch
 from pydantic import ValidationError
-from transformers import AutoTokenizer
 
 from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
-from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer
+from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer, load_tokenizer_from
 from rlfactory.models.tiny import build_tiny_qwen3
-from rlfactory.models.tokenizer import attach_chat_template
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import format_validation_errors
 from rlfactory.recipe.schema import Recipe
@@ -114,7 +112,6 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
 
 
 def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
-
     if sft.init == "model" and is_tiny_random(recipe):
         model = build_tiny_random(recipe, "float32", "cpu")
     elif sft.init == "model":
@@ -133,15 +130,6 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
             cfg.eos_token_id = tokenizer.eos_token_id
             cfg.bos_token_id = None
     return model
-
-
-def _load_tokenizer(path: str) -> Any:
-
-
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if not getattr(tok, "chat_template", None):
-        attach_chat_template(tok)
-    return tok
 
 
 async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
@@ -163,7 +151,6 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
         if problems:
             raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))
     else:
-
         # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
         tokenizer = load_tokenizer(recipe)
     model = _build_model(recipe, sft, tokenizer)
@@ -218,9 +205,8 @@ async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokeniz
     if not (sft.check.tasks and recipe.data.val_file):
         return {}
     if model is None:
-
         model = load_model(sft.output_dir, dtype="float32", device="cpu")
-        tokenizer = _load_tokenizer(sft.output_dir)
+        tokenizer = load_tokenizer_from(sft.output_dir, field="sft.output_dir")
     async with ToolManager.from_recipe(recipe.tools) as manager:
         check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
     if progress:

@@ -66,7 +66,6 @@ def encode_transcript(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[li
 
 # ------------------------------------------------------------------------------------------------------ training
 def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
-
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, T]
     attention = torch.zeros((len(examples), width), dtype=torch.long)  # [B, T]

@@ -19,11 +19,11 @@ from rlfactory.recipe.rewards import RewardsConfig
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.report.viewer import render_html
+from rlfactory.reward import RewardSet
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.manager import ToolManager
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The package's import graph, read from the source (every import, also those inside functions): no module takes
 part in an import cycle, and no folder imports one that comes later in the data path. The order is the README's
-architecture section: recipe -> data -> models -> tools -> envs -> rollout -> scoring -> algorithms -> report ->
+architecture section: recipe -> data -> models -> tools -> envs -> rollout -> reward -> algorithms -> report ->
 serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ LAYERS = [
     ["rlfactory.tools"],
     ["rlfactory.envs"],
     ["rlfactory.rollout"],
-    ["rlfactory.scoring", "rlfactory.rewards"],
+    ["rlfactory.reward", "rlfactory.rewards"],
     ["rlfactory.algorithms"],
     ["rlfactory.report"],
     ["rlfactory.serve"],

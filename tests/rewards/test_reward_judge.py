@@ -15,8 +15,8 @@ import pytest
 
 from rlfactory.recipe.rewards import RewardsConfig, RewardSpec
 from rlfactory.recipe.tools import CacheConfig
+from rlfactory.reward import RewardSet
 from rlfactory.rewards.judge import JudgeError, build_messages, llm_judge, parse_score
-from rlfactory.scoring.rewardset import RewardSet
 from rlfactory.tools.cache.factory import make_cache
 
 SCORES = [str(i) for i in range(11)]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlfactory.errors import ConfigError
-from rlfactory.tools.mcp_configs import load_mcp_config, load_mcp_configs
+from rlfactory.recipe.tools import ToolsConfig
+from rlfactory.tools.mcp_configs import load_mcp_config, load_mcp_configs, load_recipe_servers
 
 TOOLBOX = Path(__file__).parent / "servers" / "toolbox.py"
 
@@ -155,3 +156,32 @@ def test_shipped_default_config_is_valid(repo_root):
         # run as modules of the installed package, so the file works from a checkout and from a wheel alike
         assert s.command == sys.executable and s.cwd == str((repo_root / "mcp_configs").resolve())
         assert s.args[0] == "-m" and s.args[1].startswith("rlfactory.envs.tools.")
+
+
+def test_a_recipe_picks_servers_of_a_shared_file_and_changes_their_settings(repo_root):
+    shared = str(repo_root / "mcp_configs" / "default.json")
+    servers = load_recipe_servers(ToolsConfig(mcp_configs=[shared], servers=["calculator", "python"],
+                                              server_settings={"python": {"max_concurrency": 16, "sessions": 2}}))
+    assert list(servers) == ["calculator", "python"]
+    python = servers["python"].settings
+    assert (python.max_concurrency, python.sessions) == (16, 2)
+    assert python.tool_timeout_s == 30 and python.cache is False  # the file's values, where the recipe says nothing
+    assert servers["calculator"].settings.max_concurrency == 64
+    assert set(load_recipe_servers(ToolsConfig(mcp_configs=[shared]))) == {"calculator", "search", "python"}
+
+
+def test_unknown_servers_in_a_recipe_are_named_with_a_suggestion(repo_root):
+    shared = str(repo_root / "mcp_configs" / "default.json")
+    with pytest.raises(ConfigError) as e:
+        load_recipe_servers(ToolsConfig(mcp_configs=[shared], servers=["calculater"],
+                                        server_settings={"serch": {"sessions": 2}}))
+    assert e.value.problems[0].startswith("tools.servers: no server 'calculater'")
+    assert "did you mean 'calculator'?" in e.value.problems[0]
+    assert e.value.problems[1].startswith("tools.server_settings.serch: no such server")
+
+
+def test_a_module_server_that_python_cannot_find_is_reported(tmp_path):
+    cfg = write(tmp_path / "m.json", {"ghost": {"command": "python", "args": ["-m", "rlfactory.envs.tools.nope"]},
+                                      "fine": {"command": "python", "args": ["-m", "rlfactory.envs.tools.calculator"]}})
+    msg = error_of(cfg)
+    assert "mcpServers.ghost.args: `python -m rlfactory.envs.tools.nope`: no such module" in msg and "fine" not in msg

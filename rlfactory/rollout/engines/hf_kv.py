@@ -90,7 +90,6 @@ class GrowingLayer(DynamicLayer):
 
 
 def _new_cache(layers: list[GrowingLayer] | None = None) -> Any:
-
     cache = DynamicCache()
     cache.layer_class_to_replicate = GrowingLayer  # a prefill appends one per model layer
     if layers:

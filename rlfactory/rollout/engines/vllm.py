@@ -168,7 +168,6 @@ class VLLMEngine:
 
 
 def _write_safetensors(state_dict: Mapping[str, Any], target: Path) -> None:
-
     tensors: dict[str, Any] = {}
     seen: set[int] = set()
     for name, tensor in state_dict.items():
@@ -187,7 +186,6 @@ def _is_cpu_build(vllm: Any) -> bool:
 
 
 def _dist_is(name: str) -> bool:
-
     try:
         metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -79,7 +79,6 @@ class _Backend:
         return self._sync
 
     def async_client(self) -> Any:
-
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)
         if client is None:
@@ -160,7 +159,6 @@ def redis_cache(
             return f"{prefix}:fn:{digest}"
 
         if inspect.iscoroutinefunction(fn):
-
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 backend = _backend(url, retry_interval_s)

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
 from rlfactory.errors import ConfigError
 from rlfactory.recipe.rewards import RewardsConfig, RewardSpec
-from rlfactory.scoring.rewardset import RewardSet, token_level_rewards
+from rlfactory.reward import RewardSet, token_level_rewards
 
 USER_REWARDS = '''
 import asyncio
+import sys
 import threading
+from pathlib import Path
 
 SEEN_THREADS = set()
 IN_FLIGHT = {"now": 0, "max": 0}
@@ -88,8 +92,8 @@ def _set(recipe_dir, *specs, **cfg) -> RewardSet:
 
 
 async def test_registered_names_dotted_paths_and_files(recipe_dir, make_traj):
-    rs = _set(recipe_dir, {"function": "exact_match"}, {"function": "rewards.qa:f1", "weight": 0.5},
-              {"function": "rewards.qa.contains", "weight": 0, "name": "has_answer"},
+    rs = _set(recipe_dir, {"function": "exact_match"}, {"function": "rlfactory.rewards.qa:f1", "weight": 0.5},
+              {"function": "rlfactory.rewards.qa.contains", "weight": 0, "name": "has_answer"},
               {"function": "my_rewards.py:brevity", "weight": 2.0, "kwargs": {"max_chars": 100}})
     assert [f.name for f in rs.functions] == ["exact_match", "f1", "has_answer", "brevity"]
     trajs = [make_traj(["<answer>42</answer>"], answer="42", tid="t0"),
@@ -145,6 +149,18 @@ def test_config_error_names_the_recipe_file(recipe_dir):
         RewardSet.from_config(RewardsConfig(functions=[RewardSpec(function="exct")]), recipe_dir, file="recipe.yaml")
 
 
+def test_the_old_top_level_spelling_names_the_new_one(tmp_path, monkeypatch):
+    # The shipped reward modules used to install as a top-level `rewards` package. Outside a checkout (where no
+    # `rewards/` folder is importable) the old spelling gets an error that names the new one.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".").resolve() / "rewards").is_dir()])
+    monkeypatch.delitem(sys.modules, "rewards", raising=False)
+    with pytest.raises(ConfigError) as e:
+        RewardSet.from_config(RewardsConfig(functions=[RewardSpec(function="rewards.env:env_score")]), tmp_path)
+    msg = e.value.problems[0]
+    assert msg.startswith("rewards.functions[0].function: 'rewards.env:env_score'")
+    assert "'rlfactory.rewards.env:env_score'" in msg and "the registered name 'env_score'" in msg
+
+
 async def test_sync_functions_run_off_the_loop_and_async_ones_are_limited(recipe_dir, make_traj):
     rs = _set(recipe_dir, {"function": "my_rewards.py:brevity"},
               {"function": "my_rewards.py:slow_async", "weight": 0}, max_concurrency=3)
@@ -178,7 +194,7 @@ async def test_raising_function_is_counted_logged_flagged_and_gets_the_failure_v
     rs = _set(recipe_dir, {"function": "my_rewards.py:explodes_on_odd"}, {"function": "exact_match", "weight": 0},
               failure_value=-0.5)
     trajs = [make_traj(["<answer>1</answer>"], answer="1", tid=f"t{i}") for i in range(4)]
-    with caplog.at_level(logging.WARNING, logger="rlfactory.scoring.rewardset"):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.reward"):
         metrics = await rs.score(trajs)
     assert [t.reward for t in trajs] == [1.0, -0.5, 1.0, -0.5]
     assert [t.reward_failed for t in trajs] == [False, True, False, True]
@@ -248,7 +264,7 @@ async def test_scoring_does_not_block_other_coroutines(recipe_dir, make_traj):
 
 
 def test_every_registered_name_loads_and_takes_only_suppliable_parameters(tmp_path):
-    from rlfactory.scoring.loader import REGISTRY
+    from rlfactory.reward import REGISTRY
 
     # llm_judge needs its endpoint in kwargs; everything else loads with no kwargs at all
     specs = [RewardSpec(function=n, kwargs={"base_url": "http://127.0.0.1:9/v1", "model": "m"}
