@@ -366,6 +366,28 @@ class RewardSet:
         return metrics
 
 
+def combine_reward_metrics(per_trajectory: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics `RewardSet.score` returns for a batch, from the metrics it returned for each trajectory alone
+    (verl's workers score one trajectory at a time): the same keys and the same values."""
+    rewards = [m["reward/mean"] for m in per_trajectory]
+    out: dict[str, float] = {
+        "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward/errors": float(sum(m.get("reward/errors", 0.0) for m in per_trajectory)),
+    }
+    scored: dict[str, list[float]] = {}
+    failed: dict[str, float] = {}
+    for m in per_trajectory:
+        for key, value in m.items():
+            if key.startswith("reward/errors/"):
+                failed[key] = failed.get(key, 0.0) + value
+            elif key not in ("reward/mean", "reward/std", "reward/errors"):
+                scored.setdefault(key, []).append(value)
+    out.update({key: statistics.fmean(values) for key, values in scored.items()})
+    out.update(failed)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ pass@k
 def pass_at_k(trajectories: list[Any], k: int, threshold: float) -> dict[str, float]:
     """pass@1 (mean success rate) and pass@k (a task is solved when any of its k samples is); success means

@@ -73,6 +73,10 @@ def train_cmd(
         summary = run_train(r, resume=resume, progress=True)
     except RLFactoryError as e:
         fail(str(e))
+    _print_done(summary)
+
+
+def _print_done(summary: dict) -> None:
     console.print(
         f"[bold]done[/bold] {summary.get('steps', 0)} steps in {summary.get('wall_s', 0):.0f}s — reward first-5 "
         f"{summary.get('reward_first5', float('nan')):.3f}, last-5 {summary.get('reward_last5', float('nan')):.3f}, "
@@ -94,6 +98,8 @@ def _verl(recipe: Recipe, *, dry_run: bool, resume: bool) -> None:
         console.print(f"[green]ok[/green] verl config checked against verl's schema: {summary['config']} "
                       f"(overrides in {summary['overrides']}, {summary['train_rows']} training rows); nothing "
                       f"was started", highlight=False, soft_wrap=True)
+    elif summary:
+        _print_done(summary)
 
 
 def eval_cmd(

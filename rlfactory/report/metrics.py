@@ -53,3 +53,13 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise RLFactoryError(f"{run_dir}: no metrics.jsonl (is it a run folder written by `rlfactory train`?)")
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def reward_summary(rewards: list[float]) -> dict[str, float]:
+    """First-5 / last-5 mean reward and the rise, as the quickstart's acceptance reads them."""
+    first, last = _mean(rewards[:5]), _mean(rewards[-5:])
+    return {"reward_first5": first, "reward_last5": last, "reward_rise": last - first}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")

@@ -300,20 +300,53 @@ class ToolManager:
     def _restarts_begun(self) -> int:
         return sum(s.restarts_begun for s in getattr(self, "servers", {}).values())
 
+    def counters(self) -> dict[str, Any]:
+        """The raw counts behind `metrics()`, since the last reset: additive, so counts of several managers (verl's
+        agent-loop workers) or of several moments can be subtracted and summed, then turned into metrics with
+        `tool_metrics`."""
+        return {"calls": self._calls, "errors": self._errors, "hits": self._hits, "latency_sum_s": self._latency_sum_s,
+                "restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
+                "error_kinds": dict(self._error_kinds),
+                "per_server": {name: list(v) for name, v in self._per_server.items()}}
+
     def metrics(self) -> dict[str, float]:
         """`tools/*` counters since the last reset: calls, errors (also by kind), cache hit rate, mean latency,
         restarts (servers lost since the reset, whether or not they are back yet), and per-server calls and errors."""
-        calls = self._calls
-        out: dict[str, float] = {
-            "tools/calls": calls,
-            "tools/errors": self._errors,
-            "tools/cache_hit_rate": self._hits / calls if calls else 0.0,
-            "tools/latency_mean_s": self._latency_sum_s / calls if calls else 0.0,
-            "tools/restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
-        }
-        for kind, n in sorted(self._error_kinds.items()):
-            out[f"tools/errors_{kind}"] = n
-        for server, (n, errors) in sorted(self._per_server.items()):
-            out[f"tools/{server}/calls"] = n
-            out[f"tools/{server}/errors"] = errors
-        return out
+        return tool_metrics(self.counters())
+
+
+def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
+    """`tools/*` metrics from `ToolManager.counters()` (or sums and differences of them)."""
+    calls = c["calls"]
+    out: dict[str, float] = {
+        "tools/calls": calls,
+        "tools/errors": c["errors"],
+        "tools/cache_hit_rate": c["hits"] / calls if calls else 0.0,
+        "tools/latency_mean_s": c["latency_sum_s"] / calls if calls else 0.0,
+        "tools/restarts": c["restarts"],
+    }
+    for kind, n in sorted(c["error_kinds"].items()):
+        out[f"tools/errors_{kind}"] = n
+    for server, (n, errors) in sorted(c["per_server"].items()):
+        out[f"tools/{server}/calls"] = n
+        out[f"tools/{server}/errors"] = errors
+    return out
+
+
+def combine_counters(items: list[dict[str, Any]], *, minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The sum of counter snapshots, less the sum of `minus` (e.g. each worker's last snapshot at the previous step)."""
+    total: dict[str, Any] = {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "restarts": 0,
+                             "error_kinds": Counter(), "per_server": {}}
+    for sign, group in ((1, items), (-1, minus or [])):
+        for c in group:
+            for key in ("calls", "errors", "hits", "latency_sum_s", "restarts"):
+                total[key] += sign * c[key]
+            for kind, n in c["error_kinds"].items():
+                total["error_kinds"][kind] += sign * n
+            for server, (n, errors) in c["per_server"].items():
+                per = total["per_server"].setdefault(server, [0, 0])
+                per[0] += sign * n
+                per[1] += sign * errors
+    total["error_kinds"] = {k: n for k, n in total["error_kinds"].items() if n}
+    total["per_server"] = {k: v for k, v in total["per_server"].items() if v[0] or v[1]}
+    return total

@@ -43,7 +43,7 @@ from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.loading import load_policy, load_tokenizer, pad_id_of
 from rlfactory.recipe.schema import Recipe
-from rlfactory.report.metrics import MetricsLog
+from rlfactory.report.metrics import MetricsLog, reward_summary
 from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.reward import pass_at_k
@@ -79,12 +79,6 @@ class StageTimer:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
-
-
-def reward_summary(rewards: list[float]) -> dict[str, float]:
-    """First-5 / last-5 mean reward and the rise, as the quickstart's acceptance reads them."""
-    first, last = _mean(rewards[:5]), _mean(rewards[-5:])
-    return {"reward_first5": first, "reward_last5": last, "reward_rise": last - first}
 
 
 def _engine_busy_s(engine: Any) -> float:

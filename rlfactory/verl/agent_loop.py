@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from omegaconf import DictConfig, OmegaConf
 from pydantic import TypeAdapter
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
@@ -36,6 +38,7 @@ from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.trainer.wiring import close_tool_side, start_tool_side
+from rlfactory.verl.records import RolloutRecorder
 from rlfactory.verl.reward import score_fields
 
 logger = logging.getLogger(__name__)
@@ -46,12 +49,18 @@ class VerlServerEngine:
 
     Temperature/top-p/top-k come from verl's sampling params (so validation's greedy settings hold); the per-turn
     token limit and stop tokens come from our loop. One request id per trajectory keeps every turn on the same
-    server (verl routes by it), where the conversation so far is in the prefix cache."""
+    server (verl routes by it), where the conversation so far is in the prefix cache.
+
+    It also keeps the range of policy versions (verl's `global_steps` of the weights that served each turn) that
+    produced the trajectory: verl's trainer reads it back from the sample (`min_global_steps`, `max_global_steps`)
+    for its staleness metrics and off-policy bookkeeping."""
 
     def __init__(self, server_manager: Any, verl_sampling: dict[str, Any], request_id: str | None = None):
         self.server_manager = server_manager
         self.verl_sampling = dict(verl_sampling)
         self.request_id = request_id or uuid.uuid4().hex
+        self.min_global_steps: int | None = None
+        self.max_global_steps: int | None = None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        request_id: str | None = None) -> GenerationOutput:
@@ -64,6 +73,12 @@ class VerlServerEngine:
                                                  sampling_params=params)
         if out.stop_reason == "aborted":
             raise RuntimeError("verl aborted the generation request (weights were being updated)")
+        extra = getattr(out, "extra_fields", None) or {}
+        for key, pick in (("min_global_steps", min), ("max_global_steps", max)):
+            version = extra.get(key, extra.get("global_steps"))
+            if version is not None:
+                seen = getattr(self, key)
+                setattr(self, key, int(version) if seen is None else pick(seen, int(version)))
         ids = list(out.token_ids)
         logprobs = list(out.log_probs) if out.log_probs is not None else None
         finish = "stop" if ids and ids[-1] in stop else "length"
@@ -83,6 +98,7 @@ class _WorkerState:
     tools: Any
     rewards: Any
     cache: Any
+    recorder: RolloutRecorder
 
 
 _STATES: dict[tuple[str, int], _WorkerState] = {}
@@ -98,10 +114,10 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
     async with lock:
         if key in _STATES:
             return _STATES[key]
-
         recipe = Recipe.from_yaml(recipe_path, base_dir=recipe_base_dir)
         cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir)
-        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache)
+        recorder = RolloutRecorder(recipe.trainer.output_dir, node_id())
+        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache, recorder)
         logger.info("agent-loop worker ready: %d tool(s), %d reward function(s)",
                     len(tools.specs) if tools else 0, len(rewards.functions))
         return _STATES[key]
@@ -156,6 +172,14 @@ def next_sample_index(group_id: str) -> int:
     return index
 
 
+def node_id() -> str:
+    """The Ray node this process runs on (records name it, so a multi-node run shows which node served what)."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # not inside Ray (tests drive the loop in-process)
+        return socket.gethostname()
+
+
 def horizon_at(horizon_cfg: HorizonConfig, global_steps: Any) -> int:
     """Max assistant turns at verl's `global_steps` (1-based; absent on verl's v0 trainer -> the first stage)."""
     step = 0 if global_steps is None else max(int(_plain(global_steps)) - 1, 0)
@@ -196,14 +220,20 @@ class RLFactoryAgentLoop(AgentLoopBase):
             traj.loss_mask = [0] * len(traj.response_ids)
         extra_info: dict[str, float] = {}
         reward_score = None
+        reward_metrics = None
         if self.score_in_loop:
-            await st.rewards.score([traj])
+            reward_metrics = await st.rewards.score([traj])
             extra_info = score_fields(traj, st.rewards)
             reward_score = extra_info["score"]
-        return self._output(traj, reward_score, extra_info, horizon, sampling_params)
+        step = int(_plain(kwargs.get("global_steps")) or 0)
+        versions = (engine.min_global_steps if engine.min_global_steps is not None else step,
+                    engine.max_global_steps if engine.max_global_steps is not None else step)
+        st.recorder.write(global_step=step, horizon=horizon, trajectory=traj, reward_metrics=reward_metrics,
+                          tool_counters=st.tools.counters() if st.tools is not None else None)
+        return self._output(traj, reward_score, extra_info, horizon, sampling_params, versions)
 
     def _output(self, traj: Any, reward_score: float | None, extra_info: dict[str, float], horizon: int,
-                sampling_params: dict[str, Any]) -> AgentLoopOutput:
+                sampling_params: dict[str, Any], versions: tuple[int, int]) -> AgentLoopOutput:
         prompt_len, response_len = self.rollout_config.prompt_length, self.rollout_config.response_length
         prompt_ids = list(traj.prompt_ids)
         response_ids = list(traj.response_ids)[:response_len]
@@ -225,6 +255,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
             "rlf_finish_reason": traj.finish_reason, "rlf_horizon": horizon, "rlf_tool_calls": len(traj.tool_calls),
             "rlf_tool_errors": sum(c.is_error for c in traj.tool_calls), "rlf_error": traj.error or "",
             "rlf_trajectory_id": traj.id,
+            # the policy versions that produced the trajectory, for verl's staleness accounting
+            "min_global_steps": versions[0], "max_global_steps": versions[1],
         }
         if reward_score is not None:
             extra_fields["reward_extra_info"] = extra_info

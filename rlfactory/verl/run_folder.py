@@ -1,0 +1,210 @@
+"""The run folder of a verl run, shaped like a local run's, built while verl trains.
+
+verl's trainer writes one JSON line per step with its own metrics (its `file` logger, `verl_metrics.jsonl`); the
+agent-loop workers write one line per trajectory (`records.py`). A thread in the driver joins the two, step by step:
+
+    metrics.jsonl         one object per step: verl's metrics under their own names (`actor/*`, `critic/*`,
+                          `training/rollout_actor_probs_pearson_corr`, `timing_s/*`, `trajectory_staleness/*`, ...)
+                          and rlfactory's `reward/*`, `rollout/*` and `tools/*`, computed by the same functions as on
+                          the local engine, plus `horizon` and `horizon_stage`
+    transcripts/          `transcripts_per_step` trajectories of each step (the viewer's input)
+    summary.json, reward_curve.png, transcripts.html     when the run ends (`rlfactory report` rebuilds the last two)
+
+verl's checkpoints live in `checkpoints/` (its own layout). On `--resume`, rows and transcripts after verl's last
+checkpoint belong to steps that will run again: they are dropped before the run continues, so no step is counted
+twice. Left out: TensorBoard events for rlfactory's metrics (verl writes its own under `tensorboard/`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rlfactory.recipe.schema import Recipe
+from rlfactory.report.metrics import MetricsLog, read_metrics, reward_summary
+from rlfactory.report.run_report import write_report
+from rlfactory.report.transcripts import save_transcripts
+from rlfactory.reward import combine_reward_metrics
+from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
+from rlfactory.rollout.horizon import stage_for_step
+from rlfactory.rollout.trajectory import Trajectory
+from rlfactory.tools.manager import combine_counters, tool_metrics
+from rlfactory.verl.config import VERL_METRICS_FILE
+from rlfactory.verl.records import read_records
+
+logger = logging.getLogger(__name__)
+
+LATEST_CHECKPOINT_FILE = "latest_checkpointed_iteration.txt"
+"""verl's pointer to its newest checkpoint, in `trainer.default_local_dir`."""
+
+
+def last_checkpoint_step(run_dir: str | Path) -> int:
+    """The global step of verl's newest checkpoint in the run folder (0 when there is none)."""
+    path = Path(run_dir) / "checkpoints" / LATEST_CHECKPOINT_FILE
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def drop_steps_after(run_dir: str | Path, step: int) -> None:
+    """Forget what a killed run wrote past its last checkpoint: those steps run again."""
+    run = Path(run_dir)
+    metrics = run / "metrics.jsonl"
+    if metrics.exists():
+        keep = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        metrics.write_text("".join(ln + "\n" for ln in keep))
+    for path in (run / "transcripts").glob("step_*.jsonl"):
+        if int(path.stem.removeprefix("step_")) > step:
+            path.unlink()
+
+
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "reward_curve.png", "transcripts.html", "eval.html", "transcripts",
+               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_FILE)
+"""What a run leaves in its folder (the inputs `prepare` writes stay)."""
+
+
+def clear_previous_run(run_dir: str | Path) -> None:
+    """A new run in a folder that holds an old one starts clean (as on the local engine): `--resume` continues it."""
+    run = Path(run_dir)
+    found = [name for name in RUN_OUTPUTS if (run / name).exists()]
+    if not found:
+        return
+    logger.warning("starting a fresh verl run in %s: the previous run's %s are replaced (pass --resume to continue "
+                   "it)", run, ", ".join(found))
+    for name in found:
+        path = run / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: list[dict[str, Any]],
+             previous_counters: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """One metrics.jsonl row: verl's metrics of `step` and rlfactory's, from the trajectories recorded for it.
+
+    `previous_counters` holds each worker's last tool counters before this step; it is updated in place."""
+    row: dict[str, Any] = {"step": step}
+    row.update(verl_metrics)
+    if records:
+        trajs = [Trajectory.model_validate(r["trajectory"]) for r in records]
+        scored = [r["reward_metrics"] for r in records if r.get("reward_metrics")]
+        if scored:  # scored in the loop (the default); verl's own reward path logs `critic/score/*` instead
+            row.update(combine_reward_metrics(scored))
+        row.update(rollout_metrics(trajs))
+        latest: dict[Any, dict[str, Any]] = {}
+        for r in records:  # a worker's counters grow as it goes: its newest snapshot of the step covers the step
+            if r.get("tool_counters") is not None:
+                key = (r["node"], r["worker"])
+                if key not in latest or r["tool_counters"]["calls"] >= latest[key]["calls"]:
+                    latest[key] = r["tool_counters"]
+        if latest:
+            before = [previous_counters[k] for k in latest if k in previous_counters]
+            row.update(tool_metrics(combine_counters(list(latest.values()), minus=before)))
+            previous_counters.update(latest)
+        row["horizon"] = max(int(r["horizon"]) for r in records)
+        row["rollout/nodes"] = len({r["node"] for r in records})
+    row["horizon_stage"] = stage_for_step(recipe.rollout.horizon, max(step - 1, 0))
+    return row
+
+
+class RunFolderWriter:
+    """Joins verl's step log and the workers' records into the run folder while verl trains (see the module
+    docstring). `start()` runs it in a thread; `finish()` writes what is left, the summary and the report."""
+
+    def __init__(self, recipe: Recipe, run_dir: str | Path, attempt: str, *, start_step: int = 0,
+                 poll_s: float = 2.0):
+        self.recipe = recipe
+        self.run = Path(run_dir)
+        self.attempt = attempt
+        self.start_step = start_step
+        self.poll_s = poll_s
+        self.written_step = start_step
+        self.rewards: list[float] = [r["reward/mean"] for r in read_metrics_or_empty(self.run)
+                                     if r.get("reward/mean") is not None]
+        self._counters: dict[Any, dict[str, Any]] = {}
+        self._log = MetricsLog(self.run, tensorboard=False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.perf_counter()
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def _verl_steps(self) -> dict[int, dict[str, Any]]:
+        path = self.run / VERL_METRICS_FILE
+        steps: dict[int, dict[str, Any]] = {}
+        if not path.exists():
+            return steps
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.endswith("\n") and line.strip():
+                    entry = json.loads(line)
+                    steps[int(entry["step"])] = {**steps.get(int(entry["step"]), {}), **entry.get("data", {})}
+        return steps
+
+    def poll(self) -> int:
+        """Write the rows of every step verl has logged since the last poll; returns how many were written."""
+        steps = {s: m for s, m in self._verl_steps().items() if s > self.written_step}
+        if not steps:
+            return 0
+        records = read_records(self.run, self.attempt)
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for r in records:
+            by_step.setdefault(int(r["global_step"]), []).append(r)
+        for step in sorted(steps):
+            mine = by_step.get(step, [])
+            row = step_row(self.recipe, step, steps[step], mine, self._counters)
+            self._log.write(row)
+            if row.get("reward/mean") is not None:
+                self.rewards.append(row["reward/mean"])
+            self._transcripts(step, mine)
+            self.written_step = step
+        return len(steps)
+
+    def _transcripts(self, step: int, records: list[dict[str, Any]]) -> None:
+        n = min(self.recipe.trainer.log.transcripts_per_step, len(records))
+        if not n:
+            return
+        ordered = sorted(records, key=lambda r: r["trajectory"]["id"])
+        pick = random.Random(mix_seed(self.recipe.trainer.seed, step, 2)).sample(range(len(ordered)), n)
+        save_transcripts(self.run / "transcripts" / f"step_{step:06d}.jsonl",
+                         [Trajectory.model_validate(ordered[i]["trajectory"]) for i in sorted(pick)])
+
+    # -- running ---------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.poll_s):
+                try:
+                    self.poll()
+                except Exception as e:  # the run goes on; finish() reads everything again
+                    logger.warning("run folder: could not read this poll's records (%s); retrying", e)
+
+        self._thread = threading.Thread(target=loop, name="rlfactory-run-folder", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> dict[str, Any]:
+        """Stop polling, write the last rows, summary.json and the report; returns the summary."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll()
+        self._log.close()
+        t = self.recipe.trainer
+        summary = {"name": self.recipe.name, "engine": "verl", "steps": self.written_step,
+                   "resumed_from_step": self.start_step, "wall_s": time.perf_counter() - self._t0, "seed": t.seed,
+                   "output_dir": str(self.run), **reward_summary(self.rewards), "rewards": self.rewards}
+        (self.run / "summary.json").write_text(json.dumps(summary, indent=1))
+        try:
+            write_report(self.run)
+        except Exception as e:  # plots are a convenience: a failure here must not lose a finished run
+            logger.warning("could not write the report: %s", e)
+        return summary
+
+
+def read_metrics_or_empty(run: Path) -> list[dict[str, Any]]:
+    return read_metrics(run) if (run / "metrics.jsonl").exists() else []
