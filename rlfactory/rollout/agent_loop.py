@@ -219,7 +219,7 @@ class AgentLoop:
                 traj.tool_calls.append(ToolCallRecord(
                     turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
                     error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached,
-                    structured=result.structured))
+                    cache_origin=result.cache_origin if result.cached else None, structured=result.structured))
             delta = chat.tool_response_delta(tool_msgs, turn_closed=closed)
             used = len(traj.prompt_ids) + len(traj.response_ids)
             if env.ended(results):

@@ -42,6 +42,8 @@ class ToolCallRecord(BaseModel):
     error_kind: str | None = None
     latency_s: float = 0.0
     cached: bool = False
+    cache_origin: str | None = None
+    """For a cache hit: which ToolManager stored the result (see `ToolResult.cache_origin`)."""
     structured: dict[str, Any] | None = None
     """The tool result's structured content, if any (environment servers put `reward`, `score`, `done` here)."""
 

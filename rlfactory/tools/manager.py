@@ -133,9 +133,11 @@ class ToolManager:
     """All configured servers behind `call` / `call_many`. Use as `async with ToolManager(...) as tools:`."""
 
     def __init__(self, servers: Mapping[str, ServerConfig], cache: ToolCache | None = None, *,
-                 extra_env: Mapping[str, str] | None = None):
+                 extra_env: Mapping[str, str] | None = None, origin: str | None = None):
+        """`origin` labels the results this manager stores in the cache (`ToolResult.cache_origin`)."""
         self.configs = dict(servers)
         self.cache = cache
+        self.origin = origin
         self.extra_env = dict(extra_env or {})
         self.servers: dict[str, ToolServer] = {}
         self._routes: dict[str, _Route] = {}
@@ -257,8 +259,13 @@ class ToolManager:
             return await route.server.call(route.spec.tool, call.arguments, call.name)
         server, tool, args, name = route.server, route.spec.tool, call.arguments, call.name
         assert self.cache is not None
-        result = await cached_call(self.cache, self._flight, key, lambda: server.call(tool, args, name),
-                                   ttl_s=route.ttl_s)
+
+        async def run() -> ToolResult:
+            fresh = await server.call(tool, args, name)
+            fresh.cache_origin = self.origin
+            return fresh
+
+        result = await cached_call(self.cache, self._flight, key, run, ttl_s=route.ttl_s)
         result.name = name  # a hit may have been stored under the qualified or the bare name
         return result
 

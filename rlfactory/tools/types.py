@@ -52,3 +52,6 @@ class ToolResult(BaseModel):
     server: str | None = None
     id: str | None = None
     structured: dict[str, Any] | None = None
+    cache_origin: str | None = None
+    """Which ToolManager stored this result in the cache (its `origin`, e.g. a Ray node id); None when unlabelled.
+    On a hit it names the writer, so a run can tell hits that crossed machines."""

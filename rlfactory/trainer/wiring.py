@@ -36,7 +36,8 @@ class RolloutSide:
     cache: Any | None
 
 
-async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path) -> tuple[Any, Any, Any, Any]:
+async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path,
+                          origin: str | None = None) -> tuple[Any, Any, Any, Any]:
     """The recipe's tool cache and started ToolManager (both None without `tools.mcp_configs`), RewardSet and
     ChatFormat: built the same way for the local engine and for verl's agent-loop workers. The embedded cache's file
     lives in `run_dir`. On failure, whatever was started is stopped again; else the caller stops it
@@ -45,7 +46,7 @@ async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path) -
     try:
         if recipe.tools.mcp_configs:
             cache = make_cache(recipe.tools.cache, Path(run_dir) / "tool_cache.rdb")
-            tools = ToolManager.from_recipe(recipe.tools, cache=cache)
+            tools = ToolManager.from_recipe(recipe.tools, cache=cache, origin=origin)
             await tools.start()
         rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
         chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,

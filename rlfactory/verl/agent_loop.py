@@ -115,8 +115,10 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
         if key in _STATES:
             return _STATES[key]
         recipe = Recipe.from_yaml(recipe_path, base_dir=recipe_base_dir)
-        cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir)
-        recorder = RolloutRecorder(recipe.trainer.output_dir, node_id())
+        node = node_id()
+        cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir,
+                                                            origin=node)
+        recorder = RolloutRecorder(recipe.trainer.output_dir, node)
         _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache, recorder)
         logger.info("agent-loop worker ready: %d tool(s), %d reward function(s)",
                     len(tools.specs) if tools else 0, len(rewards.functions))

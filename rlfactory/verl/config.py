@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 AGENT_LOOP_NAME = "rlfactory_agent"
 VERL_METRICS_FILE = "verl_metrics.jsonl"
+VERL_GENERATIONS_DIR = "verl_generations"
 AGENT_LOOP_TARGET = "rlfactory.verl.agent_loop.RLFactoryAgentLoop"
 REWARD_FN_PATH = "pkg://rlfactory.verl.reward"
 REWARD_FN_NAME = "compute_score"
@@ -144,7 +145,7 @@ def cpu_settings(recipe: Recipe) -> dict[str, Any]:
         "++actor_rollout_ref.rollout.enable_sleep_mode": False,
         "actor_rollout_ref.rollout.max_num_seqs": 8,
         "actor_rollout_ref.rollout.skip_tokenizer_init": False,
-        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "actor_rollout_ref.rollout.agent.num_workers": v.nnodes,  # one agent-loop worker per node (verl spreads them)
         # one storage unit: each holds a Ray CPU, and a small machine has few to spare
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         "trainer.n_gpus_per_node": 1,
@@ -323,7 +324,8 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
         "trainer.logger": ["console", "file"] + (["tensorboard"] if t.log.tensorboard else []),
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.max_actor_ckpt_to_keep": t.keep_checkpoints,
-        "trainer.rollout_data_dir": None,  # rlfactory writes transcripts/ itself, as Trajectory records
+        # verl's own record of what each step trained on (its format; rlfactory writes transcripts/ as Trajectories)
+        "trainer.rollout_data_dir": str(out / VERL_GENERATIONS_DIR),
         "trainer.validation_data_dir": str(out / "eval"),
         "trainer.resume_mode": "auto" if resume else "disable",
         "trainer.device": device,

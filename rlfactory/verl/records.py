@@ -5,8 +5,11 @@ trajectories themselves, their rewards and the tool calls behind them live only 
 may sit on other nodes. So each worker appends one JSON line per finished trajectory to
 `<run>/rollouts/<attempt>/<node>-<pid>.jsonl`:
 
-    {"global_step", "node", "worker", "horizon", "trajectory": Trajectory, "reward_metrics": {...},
+    {"global_step", "time", "node", "worker", "horizon", "trajectory": Trajectory, "reward_metrics": {...},
      "tool_counters": ToolManager.counters() of the worker after this trajectory}
+
+`global_step` is verl's `global_steps` for the sample: the step it is trained at in the synchronous trainer, the
+dataloader step that produced it in the asynchronous one (see `run_folder.records_by_step`).
 
 `attempt` is fresh for every launch (a resumed run writes beside the killed one, never into it). The run-folder
 writer (`run_folder.py`) reads them back by step. Left out: a shared file system between nodes, which a multi-node
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,8 @@ class RolloutRecorder:
     def write(self, *, global_step: int, horizon: int, trajectory: Trajectory,
               reward_metrics: dict[str, float] | None,
               tool_counters: dict[str, Any] | None) -> None:
-        row = {"global_step": global_step, "node": self.node, "worker": os.getpid(), "horizon": horizon,
+        row = {"global_step": global_step, "time": time.time(), "node": self.node, "worker": os.getpid(),
+               "horizon": horizon,
                "trajectory": trajectory.model_dump(mode="json"), "reward_metrics": reward_metrics,
                "tool_counters": tool_counters}
         line = json.dumps(row, ensure_ascii=False) + "\n"

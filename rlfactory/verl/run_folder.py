@@ -34,7 +34,7 @@ from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.tools.manager import combine_counters, tool_metrics
-from rlfactory.verl.config import VERL_METRICS_FILE
+from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_FILE
 from rlfactory.verl.records import read_records
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def drop_steps_after(run_dir: str | Path, step: int) -> None:
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "reward_curve.png", "transcripts.html", "eval.html", "transcripts",
-               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_FILE)
+               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_FILE, VERL_GENERATIONS_DIR)
 """What a run leaves in its folder (the inputs `prepare` writes stay)."""
 
 
@@ -110,8 +110,46 @@ def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: l
             previous_counters.update(latest)
         row["horizon"] = max(int(r["horizon"]) for r in records)
         row["rollout/nodes"] = len({r["node"] for r in records})
+        hits = [(c, r["node"]) for r in records for c in r["trajectory"]["tool_calls"] if c.get("cached")]
+        row["tools/cache_hits"] = len(hits)
+        row["tools/cache_hits_from_other_nodes"] = sum(1 for c, node in hits
+                                                       if c.get("cache_origin") and c["cache_origin"] != node)
+        matched = [r for r in records if "verl_score" in r]
+        if matched:  # verl trains on the score rlfactory's RewardSet gave: a mismatch would be a bridge bug
+            row["reward/verl_score_mismatches"] = sum(
+                abs(r["verl_score"] - (r["trajectory"].get("reward") or 0.0)) > 1e-6 for r in matched)
     row["horizon_stage"] = stage_for_step(recipe.rollout.horizon, max(step - 1, 0))
     return row
+
+
+def trained_samples(run_dir: str | Path, step: int) -> dict[tuple[str, int], float] | None:
+    """What verl trained on at `step`, from its generation dump (`verl_generations/<step>.jsonl`): (uid, sample
+    number) -> the score verl used. None until verl has written the file."""
+    path = Path(run_dir) / VERL_GENERATIONS_DIR / f"{step}.jsonl"
+    if not path.is_file():
+        return None
+    out: dict[tuple[str, int], float] = {}
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                return None  # still being written
+            row = json.loads(line)
+            uid, session, _output = str(row["uid"]).rsplit("_", 2)  # verl's key: {uid}_{session_id}_{output}
+            out[(uid, int(session))] = float(row["score"])
+    return out
+
+
+def records_for(samples: dict[tuple[str, int], float], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the trajectories in `samples`, each with the score verl trained on beside it. A sample is
+    matched by its group (verl's uid) and number; a trajectory recorded twice (a generation verl aborted and ran
+    again) keeps its newest record."""
+    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        t = r["trajectory"]
+        key = (str(t.get("group_id")), int(t.get("sample_index", 0)))
+        if key in samples and (key not in newest or r.get("time", 0) >= newest[key].get("time", 0)):
+            newest[key] = {**r, "verl_score": samples[key]}
+    return list(newest.values())
 
 
 class RunFolderWriter:
@@ -153,18 +191,23 @@ class RunFolderWriter:
         if not steps:
             return 0
         records = read_records(self.run, self.attempt)
-        by_step: dict[int, list[dict[str, Any]]] = {}
-        for r in records:
-            by_step.setdefault(int(r["global_step"]), []).append(r)
+        written = 0
         for step in sorted(steps):
-            mine = by_step.get(step, [])
+            samples = trained_samples(self.run, step)
+            if samples is None and not self._stop.is_set():
+                break  # verl writes its generation dump just after the step's metrics: wait for it
+            if samples is not None:
+                mine = records_for(samples, records)
+            else:  # the run ended without a dump for this step: fall back on verl's step tags
+                mine = [r for r in records if int(r["global_step"]) == step]
             row = step_row(self.recipe, step, steps[step], mine, self._counters)
             self._log.write(row)
             if row.get("reward/mean") is not None:
                 self.rewards.append(row["reward/mean"])
             self._transcripts(step, mine)
             self.written_step = step
-        return len(steps)
+            written += 1
+        return written
 
     def _transcripts(self, step: int, records: list[dict[str, Any]]) -> None:
         n = min(self.recipe.trainer.log.transcripts_per_step, len(records))
