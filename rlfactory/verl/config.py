@@ -46,7 +46,9 @@ from rlfactory.recipe.schema import Recipe
 logger = logging.getLogger(__name__)
 
 AGENT_LOOP_NAME = "rlfactory_agent"
-VERL_METRICS_FILE = "verl_metrics.jsonl"
+VERL_METRICS_DIR = "verl_metrics"
+"""verl's `file` logger writes `<run>/verl_metrics/<attempt>.jsonl`: one file per launch, so a resumed run never
+writes over what the killed one logged."""
 VERL_GENERATIONS_DIR = "verl_generations"
 AGENT_LOOP_TARGET = "rlfactory.verl.agent_loop.RLFactoryAgentLoop"
 REWARD_FN_PATH = "pkg://rlfactory.verl.reward"
@@ -151,7 +153,8 @@ def cpu_settings(recipe: Recipe) -> dict[str, Any]:
         "trainer.n_gpus_per_node": 1,
         # Ray's logical resources, not cores: verl's many small actors need CPUs to be placed at all, and one pretend
         # GPU per node lets verl's placement groups and GPU-count checks hold
-        **({} if v.ray_address else {"ray_kwargs.ray_init.num_cpus": 16, "++ray_kwargs.ray_init.num_gpus": 1}),
+        **({} if v.ray_address else {"ray_kwargs.ray_init.num_cpus": 16, "++ray_kwargs.ray_init.num_gpus": 1,
+                                     "++ray_kwargs.ray_init.include_dashboard": False}),
     }
 
 
@@ -229,7 +232,8 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
            "TENSORBOARD_DIR": str(out / "tensorboard"), "TOKENIZERS_PARALLELISM": "true",
            # verl's `file` logger: one JSON line per step, which rlfactory's run-folder writer reads into metrics.jsonl
-           "VERL_FILE_LOGGER_PATH": str(out / VERL_METRICS_FILE)}
+           # (the launcher names the file per launch)
+           "VERL_FILE_LOGGER_PATH": str(out / VERL_METRICS_DIR / "dry-run.jsonl")}
     lora = recipe.model.lora
     s: dict[str, Any] = {
         # -- algorithm: GRPO (https://arxiv.org/abs/2402.03300), no critic, KL (if any) as a loss term

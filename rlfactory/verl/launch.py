@@ -36,7 +36,14 @@ from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.recipe.schema import Recipe
 from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config, resolve_device
 from rlfactory.verl.records import ATTEMPT_ENV
-from rlfactory.verl.run_folder import RunFolderWriter, clear_previous_run, drop_steps_after, last_checkpoint_step
+from rlfactory.verl.run_folder import (
+    RunFolderWriter,
+    catch_up,
+    clear_previous_run,
+    drop_steps_after,
+    last_checkpoint_step,
+    verl_metrics_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +238,11 @@ def launch(prepared: VerlPrepared, recipe: Recipe) -> dict[str, Any]:
     check_runtime(recipe)
     cfg = prepared.config
     attempt = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    out = prepared.files.output_dir
+    verl_metrics_path(out, attempt).parent.mkdir(parents=True, exist_ok=True)
     with open_dict(cfg):  # verl's config is a struct: new keys need the context
         cfg.ray_kwargs.ray_init.runtime_env.env_vars[ATTEMPT_ENV] = attempt
+        cfg.ray_kwargs.ray_init.runtime_env.env_vars["VERL_FILE_LOGGER_PATH"] = str(verl_metrics_path(out, attempt))
     if resolve_device(recipe) == "cpu":
         # The driver takes part too (it starts Ray and the task runner): the same environment as the workers, and the
         # CPU platform registered before verl's trainer resolves a platform. Only for a CPU run (see cpu.py).
@@ -272,6 +282,7 @@ def run_verl(recipe: Recipe, *, dry_run: bool = False, resume: bool = False) -> 
         out = prepared.files.output_dir
         if resume:
             prepared.start_step = last_checkpoint_step(out)
+            catch_up(recipe, out, prepared.start_step)
             drop_steps_after(out, prepared.start_step)
             logger.info("--resume: verl continues after its checkpoint of step %d", prepared.start_step)
         else:

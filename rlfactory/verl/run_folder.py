@@ -34,7 +34,7 @@ from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.tools.manager import combine_counters, tool_metrics
-from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_FILE
+from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_DIR
 from rlfactory.verl.records import read_records
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def drop_steps_after(run_dir: str | Path, step: int) -> None:
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "reward_curve.png", "transcripts.html", "eval.html", "transcripts",
-               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_FILE, VERL_GENERATIONS_DIR)
+               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_DIR, VERL_GENERATIONS_DIR)
 """What a run leaves in its folder (the inputs `prepare` writes stay)."""
 
 
@@ -85,6 +85,17 @@ def clear_previous_run(run_dir: str | Path) -> None:
             path.unlink()
 
 
+def latest_counters(records: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """Each worker's newest tool counters among `records` (a worker's counters only grow)."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        if r.get("tool_counters") is not None:
+            key = (r["node"], r["worker"])
+            if key not in latest or r["tool_counters"]["calls"] >= latest[key]["calls"]:
+                latest[key] = r["tool_counters"]
+    return latest
+
+
 def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: list[dict[str, Any]],
              previous_counters: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     """One metrics.jsonl row: verl's metrics of `step` and rlfactory's, from the trajectories recorded for it.
@@ -98,12 +109,7 @@ def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: l
         if scored:  # scored in the loop (the default); verl's own reward path logs `critic/score/*` instead
             row.update(combine_reward_metrics(scored))
         row.update(rollout_metrics(trajs))
-        latest: dict[Any, dict[str, Any]] = {}
-        for r in records:  # a worker's counters grow as it goes: its newest snapshot of the step covers the step
-            if r.get("tool_counters") is not None:
-                key = (r["node"], r["worker"])
-                if key not in latest or r["tool_counters"]["calls"] >= latest[key]["calls"]:
-                    latest[key] = r["tool_counters"]
+        latest = latest_counters(records)
         if latest:
             before = [previous_counters[k] for k in latest if k in previous_counters]
             row.update(tool_metrics(combine_counters(list(latest.values()), minus=before)))
@@ -120,6 +126,23 @@ def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: l
                 abs(r["verl_score"] - (r["trajectory"].get("reward") or 0.0)) > 1e-6 for r in matched)
     row["horizon_stage"] = stage_for_step(recipe.rollout.horizon, max(step - 1, 0))
     return row
+
+
+def verl_metrics_path(run_dir: str | Path, attempt: str) -> Path:
+    """Where verl's `file` logger writes the step lines of one launch."""
+    return Path(run_dir) / VERL_METRICS_DIR / f"{attempt}.jsonl"
+
+
+def catch_up(recipe: Recipe, run_dir: str | Path, up_to: int) -> None:
+    """Before a resumed launch: write the rows a killed launch logged but had not yet turned into metrics.jsonl rows
+    (it may die between verl's step line and the writer's next poll), for steps up to verl's checkpoint."""
+    run = Path(run_dir)
+    for path in sorted((run / VERL_METRICS_DIR).glob("*.jsonl")):
+        done = max((r["step"] for r in read_metrics_or_empty(run)), default=0)
+        if done >= up_to:
+            return
+        writer = RunFolderWriter(recipe, run, path.stem, start_step=done, until_step=up_to)
+        writer.finish(report=False)
 
 
 def trained_samples(run_dir: str | Path, step: int) -> dict[tuple[str, int], float] | None:
@@ -157,16 +180,18 @@ class RunFolderWriter:
     docstring). `start()` runs it in a thread; `finish()` writes what is left, the summary and the report."""
 
     def __init__(self, recipe: Recipe, run_dir: str | Path, attempt: str, *, start_step: int = 0,
-                 poll_s: float = 2.0):
+                 until_step: int | None = None, poll_s: float = 2.0):
         self.recipe = recipe
         self.run = Path(run_dir)
         self.attempt = attempt
         self.start_step = start_step
         self.poll_s = poll_s
         self.written_step = start_step
+        self.until_step = until_step
         self.rewards: list[float] = [r["reward/mean"] for r in read_metrics_or_empty(self.run)
                                      if r.get("reward/mean") is not None]
         self._counters: dict[Any, dict[str, Any]] = {}
+        self._primed = False
         self._log = MetricsLog(self.run, tensorboard=False)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,7 +199,7 @@ class RunFolderWriter:
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def _verl_steps(self) -> dict[int, dict[str, Any]]:
-        path = self.run / VERL_METRICS_FILE
+        path = verl_metrics_path(self.run, self.attempt)
         steps: dict[int, dict[str, Any]] = {}
         if not path.exists():
             return steps
@@ -187,10 +212,14 @@ class RunFolderWriter:
 
     def poll(self) -> int:
         """Write the rows of every step verl has logged since the last poll; returns how many were written."""
-        steps = {s: m for s, m in self._verl_steps().items() if s > self.written_step}
+        steps = {s: m for s, m in self._verl_steps().items()
+                 if s > self.written_step and (self.until_step is None or s <= self.until_step)}
         if not steps:
             return 0
         records = read_records(self.run, self.attempt)
+        if not self._primed:  # rows this launch wrote before (catch-up): their tool counts are the baseline
+            self._counters.update(latest_counters([r for r in records if int(r["global_step"]) <= self.written_step]))
+            self._primed = True
         written = 0
         for step in sorted(steps):
             samples = trained_samples(self.run, step)
@@ -230,13 +259,15 @@ class RunFolderWriter:
         self._thread = threading.Thread(target=loop, name="rlfactory-run-folder", daemon=True)
         self._thread.start()
 
-    def finish(self) -> dict[str, Any]:
-        """Stop polling, write the last rows, summary.json and the report; returns the summary."""
+    def finish(self, *, report: bool = True) -> dict[str, Any]:
+        """Stop polling, write the last rows, summary.json and (with `report`) the report; returns the summary."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.poll()
         self._log.close()
+        if not report:
+            return {}
         t = self.recipe.trainer
         summary = {"name": self.recipe.name, "engine": "verl", "steps": self.written_step,
                    "resumed_from_step": self.start_step, "wall_s": time.perf_counter() - self._t0, "seed": t.seed,
