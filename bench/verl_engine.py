@@ -15,8 +15,10 @@ its own run folder), one after the other. From the run's own metrics.jsonl, medi
   own model object; verl: `timing_s/update_weights`, the shared-memory copy into vLLM);
 - `*_step_s`: the whole step.
 `verl_startup_s` is the process's wall time before its first step began (Ray, TransferQueue, FSDP, vLLM, the first
-weight sync); `local_startup_s` likewise. `*_peak_rss_gb` is the peak of the summed resident memory of the process
-and all its descendants (for verl: the local Ray cluster and every worker), sampled every 0.2 s.
+weight sync); `local_startup_s` likewise. `*_peak_memory_gb` is the peak of the summed proportional set size (PSS:
+a page shared by n processes counts 1/n in each, so shared libraries and Ray's object store are not counted once per
+worker) of the process and all its descendants (for verl: the local Ray cluster and every worker), sampled every
+0.5 s.
 """
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 
 
-class PeakRSS:
-    """The peak summed RSS of a process tree, sampled in a thread."""
+class PeakMemory:
+    """The peak summed PSS of a process tree, sampled in a thread."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2):
+    def __init__(self, pid: int, interval_s: float = 0.5):
         self.root = psutil.Process(pid)
         self.interval_s = interval_s
         self.peak = 0
@@ -56,12 +58,12 @@ class PeakRSS:
             total = 0
             for p in procs:
                 try:
-                    total += p.memory_info().rss
+                    total += p.memory_full_info().pss
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> "PeakMemory":
         self._thread.start()
         return self
 
@@ -71,21 +73,21 @@ class PeakRSS:
 
 
 def run_engine(engine: str, recipe: str, steps: int, out: Path) -> tuple[list[dict[str, Any]], float, float]:
-    """One training run; returns its metrics rows, its wall time and its peak RSS (bytes)."""
+    """One training run; returns its metrics rows, its wall time and its peak memory (PSS, bytes)."""
     cmd = [sys.executable, "-m", "rlfactory.cli", "train", recipe, "--engine", engine, "--output-dir", str(out),
            "--set", f"trainer.total_steps={steps}", "--set", "trainer.save_every_steps=0",
            "--set", "trainer.log.tensorboard=false"]
     log = open(out.parent / f"{engine}.log", "w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    with PeakRSS(proc.pid) as rss:
+    with PeakMemory(proc.pid) as memory:
         code = proc.wait()
     wall = time.perf_counter() - t0
     log.close()
     if code != 0:
         raise SystemExit(f"{engine} run failed (exit {code}): {Path(log.name).read_text()[-3000:]}")
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    return rows, wall, rss.peak
+    return rows, wall, memory.peak
 
 
 def _median(xs: list[float]) -> float:
@@ -132,14 +134,14 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlf-bench-verl-") as d:
         tmp = Path(d)
-        local_rows, local_wall, local_rss = run_engine("local", args.recipe, args.steps, tmp / "local")
-        verl_rows, verl_wall, verl_rss = run_engine("verl", args.recipe, args.steps, tmp / "verl")
+        local_rows, local_wall, local_mem = run_engine("local", args.recipe, args.steps, tmp / "local")
+        verl_rows, verl_wall, verl_mem = run_engine("verl", args.recipe, args.steps, tmp / "verl")
     out: dict[str, Any] = {"recipe": args.recipe, "steps": args.steps, "cpu_count": os.cpu_count(),
                            "load_avg_1m": os.getloadavg()[0]}
     out.update(local_figures(local_rows, local_wall))
     out.update(verl_figures(verl_rows, verl_wall))
-    out["local_peak_rss_gb"] = local_rss / 2**30
-    out["verl_peak_rss_gb"] = verl_rss / 2**30
+    out["local_peak_memory_gb"] = local_mem / 2**30
+    out["verl_peak_memory_gb"] = verl_mem / 2**30
     out["verl_vs_local_step_ratio"] = out["verl_step_s"] / out["local_step_s"]
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
@@ -147,7 +149,7 @@ def main() -> None:
         print(f"{engine}: step {out[f'{engine}_step_s']:.2f}s = generation {out[f'{engine}_generation_s']:.2f}s "
               f"(tools {out[f'{engine}_tools_s']:.3f}s) + update {out[f'{engine}_update_s']:.2f}s + weight sync "
               f"{out[f'{engine}_weight_sync_s']:.3f}s; start-up {out[f'{engine}_startup_s']:.0f}s; peak "
-              f"{out[f'{engine}_peak_rss_gb']:.1f} GiB")
+              f"{out[f'{engine}_peak_memory_gb']:.1f} GiB")
     print(f"verl/local step-time ratio: {out['verl_vs_local_step_ratio']:.2f}")
 
 
