@@ -76,7 +76,8 @@ def verl_command(root: Path) -> list[str]:
     path = build_tiny_setup(root / "verl", hidden_size=64, num_layers=2)
     return [sys.executable, "-m", "rlfactory.cli", "train", str(path), "--engine", "verl",
             "--output-dir", str(root / "verl" / "run"),
-            "--set", "trainer.total_steps=2", "--set", "verl.gpus_per_node=1", "--set", "verl.nnodes=1",
+            "--set", "verl.device=cuda", "--set", "trainer.total_steps=2", "--set", "verl.gpus_per_node=1",
+            "--set", "verl.nnodes=1",
             "--set", "verl.gpu_memory_utilization=0.3", "--set", "trainer.prompts_per_step=4",
             "--set", "algorithm.micro_batch_size=4", "--set", "trainer.save_every_steps=0"]
 

@@ -176,9 +176,11 @@ def next_sample_index(group_id: str) -> int:
 
 def node_id() -> str:
     """The Ray node this process runs on (records name it, so a multi-node run shows which node served what)."""
+    if not ray.is_initialized():  # not inside Ray (tests drive the loop in-process); asking would start a Ray
+        return socket.gethostname()
     try:
         return ray.get_runtime_context().get_node_id()
-    except Exception:  # not inside Ray (tests drive the loop in-process)
+    except Exception:
         return socket.gethostname()
 
 

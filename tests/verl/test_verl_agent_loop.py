@@ -136,11 +136,11 @@ def test_a_prompt_longer_than_verls_prompt_length_is_not_trained_on():
     traj = Trajectory(id="x", prompt_ids=list(range(10)), response_ids=[1, 2, 3, 4], loss_mask=[1, 1, 0, 1],
                       logprobs=[-1.0, -2.0, 0.0, -3.0], turns=[TurnSpan(role="assistant", start=0, end=4)])
     fake = SimpleNamespace(rollout_config=SimpleNamespace(prompt_length=16, response_length=8))
-    ok = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": True})
+    ok = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": True}, (0, 0))
     assert ok.prompt_ids == list(range(10)) and ok.response_mask == [1, 1, 0, 1]
     assert ok.response_logprobs == [-1.0, -2.0, 0.0, -3.0] and ok.reward_score == 1.0
     assert ok.extra_fields["reward_extra_info"] == {"score": 1.0}
     fake.rollout_config.prompt_length = 6
-    cut = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": False})
+    cut = RLFactoryAgentLoop._output(fake, traj, 1.0, {"score": 1.0}, 2, {"logprobs": False}, (0, 0))
     assert cut.prompt_ids == list(range(4, 10)) and cut.response_mask == [0, 0, 0, 0]
     assert cut.response_logprobs is None and "cut to 6" in cut.extra_fields["rlf_error"]

@@ -36,7 +36,8 @@ def translated(tmp_path_factory):
 
     out = {}
     for path in RECIPES:
-        base = ["engine=verl", f"trainer.output_dir={tmp_path_factory.mktemp(path.stem)}"]
+        # the GPU translation (a CPU run's settings are checked in test_verl_cpu_training.py)
+        base = ["engine=verl", "verl.device=cuda", f"trainer.output_dir={tmp_path_factory.mktemp(path.stem)}"]
         recipe = Recipe.from_yaml(path, base)
         extra = _fit_gpus(recipe)
         if extra:
@@ -132,7 +133,7 @@ def test_errors_name_the_recipe_field(tmp_path, override, field):
     from rlfactory.verl.launch import prepare
 
     r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
-                         ["engine=verl", f"trainer.output_dir={tmp_path}", override])
+                         ["engine=verl", "verl.device=cuda", f"trainer.output_dir={tmp_path}", override])
     with pytest.raises(ConfigError) as e:
         prepare(r)
     assert field in str(e.value)
@@ -159,23 +160,25 @@ def test_cli_dry_run_writes_what_verl_reads(tmp_path):
     assert first["extra_info"]["index"] == 0 and '"answer": "79420"' in first["extra_info"]["task_json"]
 
 
-def test_a_real_run_stops_clearly_without_gpus_or_vllm(tmp_path):
-    """This machine has neither CUDA nor vLLM: the run is refused before Ray starts, saying what is missing."""
-    import importlib.util
-
+def test_a_cuda_run_without_a_gpu_stops_clearly(tmp_path):
+    """`verl.device: cuda` on a machine without CUDA (or without vLLM) is refused before Ray starts, saying what is
+    missing and how to run anyway."""
     import torch
 
     from rlfactory.errors import RLFactoryError
     from rlfactory.recipe.schema import Recipe
     from rlfactory.verl.launch import run_verl
 
-    if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
-        pytest.skip("this machine could really launch verl")
-    r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml", ["engine=verl", f"trainer.output_dir={tmp_path}"])
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
+                         ["engine=verl", "verl.device=cuda", f"trainer.output_dir={tmp_path}"])
     with pytest.raises(RLFactoryError) as e:
         run_verl(r, dry_run=False)
-    assert "vLLM is not installed" in str(e.value) or "needs NVIDIA GPUs" in str(e.value)
+    msg = str(e.value)
+    assert "no GPU is visible" in msg and "verl.device=cpu" in msg or "vLLM is not installed" in msg
     assert (tmp_path / "verl_config.yaml").is_file()  # the run folder was prepared and checked first
+    assert not (tmp_path / "metrics.jsonl").exists()  # and nothing ran
 
 
 def test_transfer_queue_storage_fits_a_small_local_ray(translated):

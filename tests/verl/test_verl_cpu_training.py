@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import pick_free_port, redis_server_binary
+from local_services import pick_free_port, redis_server_binary
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -34,8 +34,10 @@ def tq_cluster(tmp_path_factory):
     prep = prepare(Recipe.from_yaml(recipe_path))
     assert prep.config.trainer.use_v1  # verl's default, which rlfactory keeps
     # TransferQueue's actors take one logical CPU each: its storage units are fitted to the CPUs as launch() does
+    # (a CPU translation already asks for one)
     cpus = 4
-    assert fit_transfer_queue(prep.config, cpus) == 1
+    fit_transfer_queue(prep.config, cpus)
+    assert prep.config.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, namespace="rlf-test")
     try:
         tq.init(prep.config.transfer_queue)
