@@ -25,9 +25,7 @@ from rlfactory.errors import ConfigError
 from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
-from rlfactory.trainer.evaluate import evaluate_local
-from rlfactory.trainer.loop import train_local
-from rlfactory.verl.launch import run_verl
+from rlfactory.trainer.generator import GeneratorLaunch
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -56,12 +54,25 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
     """Train with the recipe's engine; returns the run summary (reward first-5 / last-5 / rise, steps, wall_s, ...).
 
     Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid."""
+    # The engines are imported here, not at the top: an asynchronous run starts its generator process first, so
+    # that the two processes import torch and load the model in parallel.
     if recipe.engine == "verl" or dry_run:
         _check_or_raise(recipe, for_training=False)  # as the CLI: the model folder need only exist on the cluster
+        from rlfactory.verl.launch import run_verl
+
         return run_verl(recipe, dry_run=dry_run, resume=resume)
     _check_or_raise(recipe, for_training=True)
+    if recipe.trainer.max_staleness_steps == 0:
+        from rlfactory.trainer.loop import train_local
 
-    return train_local(recipe, resume=resume, progress=progress)
+        return train_local(recipe, resume=resume, progress=progress)
+    launch = GeneratorLaunch.start(recipe)
+    try:
+        from rlfactory.trainer.async_loop import train_async
+    except BaseException:
+        launch.stop()
+        raise
+    return train_async(recipe, resume=resume, progress=progress, launch=launch)
 
 
 def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,
@@ -70,6 +81,8 @@ def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,
     _check_or_raise(recipe, for_training=checkpoint is None)
     if not recipe.data.val_file:
         raise ConfigError("data.val_file is empty: evaluation needs a validation file")
+
+    from rlfactory.trainer.evaluate import evaluate_local  # here: see train()
 
     return evaluate_local(recipe, checkpoint=checkpoint, output_dir=output_dir)
 

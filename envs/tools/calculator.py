@@ -1,7 +1,9 @@
 """Calculator MCP server: exact arithmetic with a safe parser.
 
 Run: `python -m rlfactory.envs.tools.calculator` (stdio) or `python -m rlfactory.envs.tools.calculator --http
---port 8011` (streamable HTTP on 127.0.0.1, endpoint /mcp).
+--port 8011` (streamable HTTP on 127.0.0.1, endpoint /mcp). For benchmarks, `--latency-median-s 0.1
+--tail-fraction 0.01 --tail-s 5:10` makes calls slow on purpose: log-normal latency around the median, and that
+fraction of calls taking a uniform 5-10 s (seeded by `--latency-seed`), like a real tool with stragglers.
 
 The expression is parsed with `ast` and evaluated by walking a whitelist of node types — never `eval`.
 Numbers are exact rationals: integers of any size (up to a bound), decimals such as 0.1 taken as written
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import math
+import random
 from fractions import Fraction
 
 from mcp.server.mcpserver import MCPServer
@@ -212,6 +216,23 @@ def evaluate(expression: str) -> str:
         raise CalcError("the expression is nested too deeply") from None
 
 
+class Latency:
+    """Injected call latency (off by default): log-normal around `median_s` (sigma 0.5), and `tail_fraction` of
+    the calls drawn uniformly from `tail_s` instead."""
+
+    def __init__(self, median_s: float = 0.0, tail_fraction: float = 0.0, tail_s: tuple[float, float] = (5.0, 10.0),
+                 seed: int = 0):
+        self.median_s, self.tail_fraction, self.tail_s = median_s, tail_fraction, tail_s
+        self.rng = random.Random(seed)
+
+    def draw(self) -> float:
+        if self.tail_fraction and self.rng.random() < self.tail_fraction:
+            return self.rng.uniform(*self.tail_s)
+        return self.median_s * math.exp(0.5 * self.rng.gauss(0.0, 1.0)) if self.median_s else 0.0
+
+
+LATENCY = Latency()
+
 server = MCPServer(
     "calculator",
     instructions="Exact arithmetic: call calculator(expression) with + - * / // % ** and parentheses.",
@@ -221,7 +242,7 @@ server = MCPServer(
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False,
                                          open_world_hint=False))
-def calculator(expression: str) -> str:
+async def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression exactly, e.g. "(3 + 4) * 12 / 7" or "2 ** 100".
 
     Supports + - * / // % ** (or ^), unary minus, parentheses, decimals, and abs(), min(), max().
@@ -230,6 +251,9 @@ def calculator(expression: str) -> str:
     Args:
         expression: The arithmetic expression to evaluate.
     """
+    delay = LATENCY.draw()
+    if delay:
+        await asyncio.sleep(delay)
     try:
         return evaluate(expression)
     except CalcError as e:
@@ -241,7 +265,14 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--latency-median-s", type=float, default=0.0, help="injected latency's median (benchmarks)")
+    parser.add_argument("--tail-fraction", type=float, default=0.0, help="fraction of calls that take --tail-s")
+    parser.add_argument("--tail-s", default="5:10", help="straggler latency range LO:HI in seconds")
+    parser.add_argument("--latency-seed", type=int, default=0)
     args = parser.parse_args()
+    lo, _, hi = args.tail_s.partition(":")
+    global LATENCY
+    LATENCY = Latency(args.latency_median_s, args.tail_fraction, (float(lo), float(hi or lo)), args.latency_seed)
     if args.http:
         server.run("streamable-http", host=args.host, port=args.port)
     else:

@@ -7,7 +7,8 @@ tensor plumbing: left-padded prompts + right-padded responses (`[N, P + T]`), th
 0 on tool/env tokens), old logprobs from the generation pass, and the global-batch normalisation that makes
 gradient accumulation over micro-batches equal to one big batch.
 
-Left out: the optimizer step and micro-batch loop (`local.py`), critics/GAE, sequence packing.
+Left out: the optimizer step and micro-batch loop (`trainer/loop.py`), off-policy correction (`off_policy.py`),
+critics/GAE, sequence packing.
 """
 from __future__ import annotations
 
@@ -173,6 +174,7 @@ def policy_loss(
     response_mask: torch.Tensor,  # [n, T]
     entropy: torch.Tensor | None = None,  # [n, T]
     ref_log_prob: torch.Tensor | None = None,  # [n, T]
+    rollout_is_weights: torch.Tensor | None = None,  # [n, T] off-policy importance weights (off_policy.py)
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to backpropagate for one micro-batch: verl's policy loss - entropy_coef * entropy + kl_coef * KL.
     Mirrors `verl.workers.utils.losses.ppo_loss`. Returns (scalar loss, metrics)."""
@@ -180,7 +182,7 @@ def policy_loss(
     loss_fn = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
     pg_loss, pg_metrics = loss_fn(
         old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask,
-        loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+        loss_agg_mode=cfg.loss_agg_mode, config=cfg, rollout_is_weights=rollout_is_weights,
     )
     metrics = {"loss/pg": float(pg_loss.detach())}
     metrics.update({f"loss/{k.split('/')[-1]}": float(v) for k, v in pg_metrics.items()})

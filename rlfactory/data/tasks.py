@@ -77,6 +77,7 @@ class TaskSampler:
         self.epoch = 0
         self.pos = 0
         self._order = self._permutation(0)
+        self._other: tuple[int, list[int]] | None = None  # another epoch's order, for `at`
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(self.n))
@@ -97,6 +98,27 @@ class TaskSampler:
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
+
+    def absolute_position(self) -> int:
+        """How many draws `next` has made since the start (the index of the next draw)."""
+        return self.epoch * self.n + self.pos
+
+    def at(self, draw: int) -> int:
+        """The task index of draw number `draw` (0-based), as `next` would return it: asynchronous runs draw out
+        of order."""
+        epoch, pos = divmod(draw, self.n)
+        if epoch == self.epoch:
+            return self._order[pos]
+        if self._other is None or self._other[0] != epoch:
+            self._other = (epoch, self._permutation(epoch))
+        return self._other[1][pos]
+
+    def seek(self, draw: int) -> None:
+        """Make draw number `draw` the next one `next` returns."""
+        epoch, self.pos = divmod(draw, self.n)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._order = self._permutation(epoch)
 
     def load_state(self, st: dict[str, int]) -> None:
         if st.get("n") != self.n:

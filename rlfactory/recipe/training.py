@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlfactory.recipe.section import Section
 
@@ -103,6 +103,25 @@ class OptimizerConfig(Section):
     """Linear learning-rate warm-up over this many optimizer steps."""
 
 
+class OffPolicyConfig(Section):
+    """The correction for tokens sampled by older policies (`trainer.max_staleness_steps >= 1`; see
+    rlfactory/algorithms/off_policy.py). Each token's loss is weighted by pi_old / mu, the proximal policy's probability
+    over the behaviour policy's."""
+
+    is_cap: float | None = Field(2.0, gt=1.0)
+    """Truncated importance sampling: a token's weight is min(pi_old / mu, is_cap); empty = no weights."""
+    mask_outside: tuple[float, float] | None = None
+    """Tokens whose pi_old / mu falls outside [lo, hi] are not trained, e.g. [0.5, 2.0]; empty = none masked."""
+
+    @model_validator(mode="after")
+    def _check_range(self) -> "OffPolicyConfig":
+        if self.mask_outside is not None:
+            lo, hi = self.mask_outside
+            if not 0 < lo < 1 < hi:
+                raise ValueError(f"mask_outside must be [lo, hi] with 0 < lo < 1 < hi, got [{lo}, {hi}]")
+        return self
+
+
 class AlgorithmConfig(Section):
     name: Literal["grpo"] = "grpo"
     """Policy-gradient algorithm: GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300)."""
@@ -135,6 +154,8 @@ class AlgorithmConfig(Section):
     """Passes over a step's trajectories."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (0 = off; computed as a metric either way)."""
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    """Importance correction of asynchronous training (`trainer.max_staleness_steps >= 1`, local engine)."""
 
 
 # --------------------------------------------------------------------------------------------------- engine, verl
@@ -196,5 +217,14 @@ class TrainerConfig(Section):
     """torch CPU threads (1 measured fastest on a 2-core machine running tool servers beside training)."""
     max_staleness_steps: int = Field(0, ge=0)
     """Asynchronous training: 0 = synchronous (generate, then update); k >= 1 = generation runs ahead while the
-    policy updates, and a batch may hold tokens from policies up to k versions old. engine verl: 0 or 1 (verl's
-    one-step off-policy `colocate_async` trainer); engine local: 0."""
+    policy updates, and a batch may hold tokens from policies up to k versions old. engine local: a generator
+    process beside the trainer (rlfactory/trainer/async_loop.py); engine verl: 0 or 1 (verl's one-step off-policy
+    `colocate_async` trainer)."""
+    split_cores: bool = True
+    """Asynchronous local runs: pin the trainer to the first half of the CPUs and the generator (with its tool
+    servers) to the other half."""
+    stale_groups: Literal["drop", "wait"] = "drop"
+    """Asynchronous local runs: what happens to a GRPO group that would break the bound. `drop`: finished groups are
+    trained oldest first and one whose oldest token is more than k versions old is dropped (counted in
+    `async/dropped_trajectories`); a straggler never holds a step. `wait`: groups are trained in the order they
+    started, so none breaks the bound and none is dropped; a straggler holds its step."""

@@ -65,13 +65,15 @@ class _Builder:
     def __init__(self, traj: Trajectory):
         self.t = traj
 
-    def append(self, role: str, ids: list[int], logprobs: list[float] | None, text: str) -> None:
+    def append(self, role: str, ids: list[int], logprobs: list[float] | None, text: str,
+               versions: list[int] | None = None) -> None:
         t = self.t
         start = len(t.response_ids)
         t.response_ids.extend(ids)
         policy = role == "assistant"
         t.loss_mask.extend([1 if policy else 0] * len(ids))
         t.logprobs.extend(logprobs if policy and logprobs is not None else [0.0] * len(ids))
+        t.policy_versions.extend(versions if policy and versions is not None else [-1] * len(ids))
         t.turns.append(TurnSpan(role=role, start=start, end=len(t.response_ids), text=text))  # type: ignore[arg-type]
 
 
@@ -190,7 +192,11 @@ class AgentLoop:
             closed = bool(ids) and ids[-1] == chat.im_end_id
             # The turn's text for parsing, messages and rewards: without the closing special token.
             text = chat.decode(ids[:-1] if ids and ids[-1] in chat.turn_end_ids else ids)
-            out_buf.append("assistant", ids, list(out.logprobs) if out.logprobs is not None else None, text)
+            if out.versions is not None and len(out.versions) != len(ids):
+                raise RuntimeError(f"the engine returned {len(out.versions)} versions for {len(ids)} tokens")
+            versions = (list(out.versions) if out.versions is not None
+                        else [getattr(self.engine, "policy_version", 0)] * len(ids))
+            out_buf.append("assistant", ids, list(out.logprobs) if out.logprobs is not None else None, text, versions)
             traj.messages.append({"role": "assistant", "content": text})
 
             parsed = parse_tool_calls(text, max_calls=cfg.max_tool_calls_per_turn, tools=self._specs())

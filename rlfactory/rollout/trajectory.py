@@ -51,8 +51,9 @@ class ToolCallRecord(BaseModel):
 class Trajectory(BaseModel):
     """A finished multi-turn rollout, token-exact.
 
-    Invariants: len(response_ids) == len(loss_mask) == len(logprobs); loss_mask is 1 exactly on tokens the policy
-    generated and 0 on tool/env/template tokens; the spans in `turns` tile response_ids in order.
+    Invariants: len(response_ids) == len(loss_mask) == len(logprobs) (== len(policy_versions) when recorded);
+    loss_mask is 1 exactly on tokens the policy generated and 0 on tool/env/template tokens; the spans in `turns`
+    tile response_ids in order.
     """
 
     id: str
@@ -65,6 +66,10 @@ class Trajectory(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     """Behaviour-policy logprob of each response token (0.0 where loss_mask is 0)."""
+    policy_versions: list[int] = Field(default_factory=list)
+    """The policy version that sampled each response token (-1 where loss_mask is 0): non-decreasing over a
+    trajectory's policy tokens, several versions in one trajectory when weights changed mid-rollout (asynchronous
+    training). Empty for trajectories made before versions were recorded."""
     turns: list[TurnSpan] = Field(default_factory=list)
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     finish_reason: FinishReason = "stop"

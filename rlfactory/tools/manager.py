@@ -281,25 +281,11 @@ class ToolManager:
 
     # -- metrics -----------------------------------------------------------------------------------------------------
     def _count(self, result: ToolResult) -> None:
-        self._calls += 1
-        self._latency_sum_s += result.latency_s
-        if result.cached:
-            self._hits += 1
-        per = self._per_server.get(result.server or "_unknown")
-        if per is None:
-            per = self._per_server[result.server or "_unknown"] = [0, 0]
-        per[0] += 1
-        if result.is_error:
-            self._errors += 1
-            per[1] += 1
-            self._error_kinds[result.error_kind or "unknown"] += 1
+        count_result(self._counts, result)
 
     def reset_metrics(self) -> None:
         """Zero the counters (e.g. at the start of each training step)."""
-        self._calls = self._errors = self._hits = 0
-        self._latency_sum_s = 0.0
-        self._per_server: dict[str, list[int]] = {}
-        self._error_kinds: Counter[str] = Counter()
+        self._counts = empty_counters()
         # Restarts BEGUN, not completed: a restart still in backoff/start-up when a batch's metrics are read would
         # otherwise finish before the next reset and be absorbed by this re-basing, counted in no batch at all.
         self._restarts_at_reset = self._restarts_begun()
@@ -311,15 +297,36 @@ class ToolManager:
         """The raw counts behind `metrics()`, since the last reset: additive, so counts of several managers (verl's
         agent-loop workers) or of several moments can be subtracted and summed, then turned into metrics with
         `tool_metrics`."""
-        return {"calls": self._calls, "errors": self._errors, "hits": self._hits, "latency_sum_s": self._latency_sum_s,
+        c = self._counts
+        return {"calls": c["calls"], "errors": c["errors"], "hits": c["hits"], "latency_sum_s": c["latency_sum_s"],
                 "restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
-                "error_kinds": dict(self._error_kinds),
-                "per_server": {name: list(v) for name, v in self._per_server.items()}}
+                "error_kinds": dict(c["error_kinds"]),
+                "per_server": {name: list(v) for name, v in c["per_server"].items()}}
 
     def metrics(self) -> dict[str, float]:
         """`tools/*` counters since the last reset: calls, errors (also by kind), cache hit rate, mean latency,
         restarts (servers lost since the reset, whether or not they are back yet), and per-server calls and errors."""
         return tool_metrics(self.counters())
+
+
+def empty_counters() -> dict[str, Any]:
+    """Zeroed counters in the shape of `ToolManager.counters()`."""
+    return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "restarts": 0, "error_kinds": Counter(),
+            "per_server": {}}
+
+
+def count_result(c: dict[str, Any], result: ToolResult) -> None:
+    """Add one call's result to counters `c` (a ToolManager's, or those of one GRPO group's calls)."""
+    c["calls"] += 1
+    c["latency_sum_s"] += result.latency_s
+    if result.cached:
+        c["hits"] += 1
+    per = c["per_server"].setdefault(result.server or "_unknown", [0, 0])
+    per[0] += 1
+    if result.is_error:
+        c["errors"] += 1
+        per[1] += 1
+        c["error_kinds"][result.error_kind or "unknown"] += 1
 
 
 def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
@@ -342,8 +349,7 @@ def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
 
 def combine_counters(items: list[dict[str, Any]], *, minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The sum of counter snapshots, less the sum of `minus` (e.g. each worker's last snapshot at the previous step)."""
-    total: dict[str, Any] = {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "restarts": 0,
-                             "error_kinds": Counter(), "per_server": {}}
+    total = empty_counters()
     for sign, group in ((1, items), (-1, minus or [])):
         for c in group:
             for key in ("calls", "errors", "hits", "latency_sum_s", "restarts"):

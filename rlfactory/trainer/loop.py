@@ -12,8 +12,12 @@ sampling seeds and transcript picks derive from (seed, step), and a resumed run 
 The update runs forward/backward only on trajectories whose advantage is non-zero (groups where every sample got
 the same reward add exactly zero policy gradient), normalised over the whole mini-batch as verl does, so the
 gradient is the one of the full batch at a fraction of the cost; with an entropy bonus or KL every row is computed.
+Micro-batches group rows of similar length (`length_buckets`), so short trajectories do not pay for the padding of
+long ones.
 
-Left out: multi-GPU (use `engine: verl`), sequence packing, async/off-policy rollouts.
+`trainer.max_staleness_steps: k >= 1` trains asynchronously instead (`async_loop.py`, same update with an
+off-policy correction); k = 0 is this loop, unchanged.
+Left out: multi-GPU (use `engine: verl`), sequence packing.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from rlfactory.algorithms.grpo import (
     response_logprobs,
     set_global_batch,
 )
+from rlfactory.algorithms.off_policy import CorrectionTotals, correct
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.loading import load_policy, load_tokenizer, pad_id_of
@@ -173,26 +178,45 @@ class LocalTrainer:
     def _save(self) -> Path:
         state = {"data": self.sampler.state(), "horizon_stage": stage_for_step(self.recipe.rollout.horizon,
                                                                                 max(self.step - 1, 0)),
-                 "rewards": self.rewards_so_far, "seed": self.recipe.trainer.seed}
+                 "rewards": self.rewards_so_far, "seed": self.recipe.trainer.seed, **self._extra_state()}
         return save_checkpoint(self.out, self.step, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, state=state, tokenizer=self.tokenizer,
                                keep=self.recipe.trainer.keep_checkpoints)
 
+    def _extra_state(self) -> dict[str, Any]:
+        """More trainer state for checkpoints (the asynchronous trainer's data position)."""
+        return {}
+
     # --------------------------------------------------------------------------------------------------- update
-    def _update(self, trajs: list[Any]) -> dict[str, float]:
-        """GRPO advantages, then ppo_epochs x mini-batches of micro-batched forward/backward and an optimizer step."""
+    def _update(self, trajs: list[Any], correction: Any = None) -> dict[str, float]:
+        """GRPO advantages, then ppo_epochs x mini-batches of micro-batched forward/backward and an optimizer step.
+        `correction` (an `OffPolicyConfig`, asynchronous runs): weight and mask tokens by pi_old / mu
+        (algorithms/off_policy.py); None = the PPO ratio against the behaviour logprobs, as a synchronous step."""
         r = self.recipe
         a = r.algorithm
         # A failed rollout is data, not a training signal: keep it in its group's statistics but train none of it.
         trajs = [t.model_copy(update={"loss_mask": [0] * len(t.loss_mask)}) if t.finish_reason == "error" else t
                  for t in trajs]
         batch = build_batch(trajs, pad_id_of(self.tokenizer))  # [N, ...] on CPU
+        if correction is not None and correction.is_cap is None and correction.mask_outside is None:
+            correction = None
+        totals = CorrectionTotals()
+        # pi_old: the current weights. One update per step: the training forward pass gives it (detached), free;
+        # several, or masking (which must know its mask before the loss is normalised): a no-grad pass first.
+        proximal = weights = None
+        if correction is not None and (a.ppo_epochs * a.mini_batches_per_step > 1 or correction.mask_outside):
+            proximal = self._proximal_logprobs(batch, r.rollout.sampling.temperature)
+            weights, batch.response_mask = correct(correction, proximal, batch.old_log_probs, batch.response_mask,
+                                                   totals)
         advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
         n = len(batch)
         mini = n // a.mini_batches_per_step
         temperature = r.rollout.sampling.temperature
         only_signal = a.entropy_coef == 0 and self.ref_model is None
         has_signal = (advantages != 0).any(-1).tolist()  # [N]
+        p_len = batch.prompt_len
+        lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
+                           batch.attention_mask[:, p_len:].sum(-1).tolist()))  # real (prompt, response) per row
         sums: dict[str, list[float]] = {}
         grad_norms: list[float] = []
         ent_sum = ent_tokens = 0.0
@@ -208,16 +232,24 @@ class LocalTrainer:
                         # their forward/backward. The normalisation above still counts them, so the gradient is
                         # the same as computing every row; pg metrics then cover the rows with signal.
                         rows = [i for i in rows if has_signal[i]]
-                    for u0 in range(0, len(rows), a.micro_batch_size):
-                        micro = rows[u0:u0 + a.micro_batch_size]
+                    for micro in length_buckets(rows, lengths, a.micro_batch_size):
                         mb = batch.select(micro).compact().to(self.device)
                         adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
                         logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
                                                       entropy_grad=a.entropy_coef != 0)
                         ref = self._ref_logprobs(mb, temperature)
-                        loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=mb.old_log_probs,
+                        old, w = mb.old_log_probs, None
+                        if correction is not None:
+                            t_len = mb.responses.shape[1]
+                            if proximal is None:
+                                old = logp.detach()
+                                w, _ = correct(correction, old, mb.old_log_probs, mb.response_mask, totals)
+                            else:
+                                old = proximal[micro][:, :t_len].to(self.device)
+                                w = None if weights is None else weights[micro][:, :t_len].to(self.device)
+                        loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=old,
                                               advantages=adv, response_mask=mb.response_mask, entropy=ent,
-                                              ref_log_prob=ref)
+                                              ref_log_prob=ref, rollout_is_weights=w)
                         loss.backward()
                         for k, v in m.items():
                             sums.setdefault(k, []).append(v)
@@ -253,6 +285,20 @@ class LocalTrainer:
         out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
         out["rollout/trained_tokens"] = float(mask.sum())
         out["rollout/rows_with_signal"] = float(sum(has_signal))
+        if correction is not None:
+            out.update(totals.metrics())
+        return out
+
+    def _proximal_logprobs(self, batch: Any, temperature: float) -> torch.Tensor:
+        """Logprobs of every response token under the current weights, no gradient: [N, T] on CPU."""
+        a = self.recipe.algorithm
+        out = torch.zeros_like(batch.old_log_probs)
+        with torch.no_grad():
+            for u0 in range(0, len(batch), a.micro_batch_size):
+                rows = list(range(u0, min(u0 + a.micro_batch_size, len(batch))))
+                mb = batch.select(rows).compact().to(self.device)
+                logp, _ = response_logprobs(self.model, mb, temperature=temperature)
+                out[rows, :logp.shape[1]] = logp.float().cpu()
         return out
 
     def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
@@ -284,6 +330,7 @@ class LocalTrainer:
                             tasks = [self.tasks[i] for i in self.sampler.next(t.prompts_per_step)]
                             horizon = horizon_for_step(r.rollout.horizon, step_idx)
                         busy0 = _engine_busy_s(side.engine)
+                        side.engine.policy_version = self.step  # stamps the tokens: this step's weights
                         with timer("rollout"):
                             trajs, roll_m = await side.loop.run_batch(
                                 tasks, r.rollout.samples_per_prompt, horizon, seed=_step_seed(t.seed, step_idx, 1))
@@ -313,6 +360,7 @@ class LocalTrainer:
                             last_eval = await self.evaluate(side, tag=f"step_{self.step:06d}")
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
+                    row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
                     log.write(row)
                     bar.update(self.step, row)
                     if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
@@ -350,7 +398,42 @@ class LocalTrainer:
         return res
 
 
+MICRO_BATCH_OVERHEAD_TOKENS = 256
+"""What one more micro-batch costs, in padded tokens of forward/backward (measured on CPU for the quickstart's model:
+~10-20 ms of fixed cost against ~70 us a token)."""
+
+
+def length_buckets(rows: list[int], lengths: list[tuple[int, int]], max_rows: int) -> list[list[int]]:
+    """Split `rows` into micro-batches of at most `max_rows` rows with the least padded compute: rows sorted by
+    length, cut where sum(rows x (longest prompt + longest response)) + overhead per micro-batch is smallest
+    (exact, by dynamic programming over the sorted rows). The gradient does not depend on the split (losses are
+    normalised by the whole mini-batch); only how much padding is computed does."""
+    if not rows:
+        return []
+    order = sorted(rows, key=lambda i: (lengths[i][0] + lengths[i][1], i))
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        max_p = max_t = 0
+        for i in range(j - 1, max(j - max_rows, 0) - 1, -1):  # the last micro-batch is order[i:j]
+            max_p = max(max_p, lengths[order[i]][0])
+            max_t = max(max_t, lengths[order[i]][1])
+            cost = best[i] + (j - i) * (max_p + max_t) + MICRO_BATCH_OVERHEAD_TOKENS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], n
+    while j > 0:
+        out.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return out[::-1]
+
+
 def train_local(recipe: Recipe, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Run the recipe on the local engine; returns the summary dict."""
+    """Run the recipe on the local engine, synchronously; returns the summary dict. (`rlfactory.api.train` sends
+    recipes with `trainer.max_staleness_steps >= 1` to `async_loop.train_async`.)"""
+    if recipe.trainer.max_staleness_steps >= 1:
+        raise ValueError("trainer.max_staleness_steps >= 1 is asynchronous: use rlfactory.api.train (or "
+                         "rlfactory.trainer.async_loop.train_async)")
     trainer = LocalTrainer(recipe, resume=resume, progress=progress)
     return asyncio.run(trainer.run())

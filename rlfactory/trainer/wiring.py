@@ -1,8 +1,10 @@
 """The rollout side of the local engine: tokenizer, policy model (+ LoRA), tool servers, chat format, HF engine,
 AgentLoop and RewardSet, built from a Recipe and torn down together.
 
-The engine generates with the trainer's own model object (no copy): after an optimizer step the next rollout
-already uses the new weights. Left out: the training loop (`local.py`), vLLM (the verl engine's job).
+In a synchronous run the engine generates with the trainer's own model object (no copy): after an optimizer step
+the next rollout already uses the new weights. An asynchronous run's generator process builds its own side around
+its own copy, fed by pushed weights. Left out: the training loops (`loop.py`, `async_loop.py`), vLLM (the verl
+engine's job).
 """
 from __future__ import annotations
 
@@ -68,15 +70,16 @@ async def close_tool_side(tools: Any | None, cache: Any | None) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: Any,
-                            run_dir: str | Path) -> AsyncIterator[RolloutSide]:
-    """Start the tool servers and the engine; stop both on exit (also on errors and Ctrl-C)."""
+async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: Any, run_dir: str | Path,
+                            weight_source: Any = None) -> AsyncIterator[RolloutSide]:
+    """Start the tool servers and the engine; stop both on exit (also on errors and Ctrl-C). `weight_source`: the
+    shared weights an asynchronous run's generator loads pushed versions from."""
     cache = tools = engine = None
     try:
         cache, tools, rewards, chat = await start_tool_side(recipe, tokenizer, run_dir)
         engine = HFEngine(model, pad_token_id=pad_id_of(tokenizer), eos_token_ids=chat.stop_token_ids,
                           max_batch_size=max(1, min(recipe.rollout.max_concurrent_trajectories, 256)),
-                          device=device, tokenizer=tokenizer)
+                          device=device, tokenizer=tokenizer, weight_source=weight_source)
         loop = AgentLoop(engine, tools, chat, recipe.rollout)
         yield RolloutSide(tokenizer, chat, engine, tools, loop, rewards, cache)
     finally:

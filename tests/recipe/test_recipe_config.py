@@ -158,3 +158,17 @@ def test_a_micro_batch_larger_than_the_mini_batch_is_allowed(tmp_path):
     rec = base()
     rec["algorithm"]["micro_batch_size"] = 64  # 2 prompts x 4 samples = 8 trajectories: one micro-batch
     assert validate_recipe(write_recipe(tmp_path, rec)) == []
+
+
+def test_asynchronous_settings_are_checked(tmp_path):
+    rec = base()
+    rec["trainer"].update({"max_staleness_steps": 1, "stale_groups": "skip"})
+    rec["algorithm"]["off_policy"] = {"is_cap": 0.5, "mask_outside": [1.5, 3.0]}
+    text = "\n".join(validate_recipe(write_recipe(tmp_path, rec)))
+    for needle in ["trainer.stale_groups", "'drop' or 'wait'", "algorithm.off_policy.is_cap",
+                   "mask_outside must be [lo, hi] with 0 < lo < 1 < hi, got [1.5, 3.0]"]:
+        assert needle in text, f"{needle!r} not reported in:\n{text}"
+    rec = base()
+    rec["trainer"].update({"max_staleness_steps": 2, "stale_groups": "wait"})
+    rec["algorithm"]["off_policy"] = {"is_cap": None, "mask_outside": [0.5, 2.0]}
+    assert [e for e in validate_recipe(write_recipe(tmp_path, rec)) if "no_such_model" not in e] == []

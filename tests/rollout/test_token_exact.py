@@ -15,24 +15,37 @@ left/right/middle truncation, stopping at `</tool_call>`), so every limit is hit
 The suite runs the full bar, 1,008 trajectories (~30,000 sampled tokens; ~1.7 minutes on 2 shared cores, most of it
 the tiny model's 151,669-row LM head and the sampler's passes over it); `RLFACTORY_TOKEN_EXACT_N=200` gives a quick
 run while editing.
+
+It runs twice: with fixed weights, and as the generator of an asynchronous run sees it (`trainer.max_staleness_steps
+>= 1`): new policy versions are pushed through `SharedWeights` every 0.5 s while trajectories are mid-turn, so
+trajectories and single turns span several versions. Then, also: every policy token's version stamp is the one the
+engine reported, stamps never decrease within a trajectory, tool tokens carry -1, a sample of logprobs is recomputed
+under the weights of the version stamped on the token, and process (per-turn) rewards land on the last token of
+their turn.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import random
 from collections import Counter
 
 import pytest
+import torch
 from scripted_model import build_scripted_qwen3
 
+from rlfactory.recipe.rewards import RewardsConfig
 from rlfactory.recipe.rollout import RolloutConfig
+from rlfactory.reward import RewardSet, token_level_rewards
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.manager import ToolManager
+from rlfactory.trainer.weight_push import SharedWeights
 
 N_TRAJECTORIES = int(os.environ.get("RLFACTORY_TOKEN_EXACT_N", "1000"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + int(0.9 * N_TRAJECTORIES))]
@@ -55,13 +68,27 @@ class RecordingEngine:
     def __init__(self, engine):
         self.engine = engine
         self.seen: dict[str, tuple[list[int], list[int], list[float], int]] = {}
+        self.versions: dict[str, list[int]] = {}
 
     async def generate(self, prompt_ids, sampling, request_id=None):
         out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
         assert request_id is not None and request_id not in self.seen
         self.seen[request_id] = (list(prompt_ids), list(out.token_ids), list(out.logprobs or []),
                                  sampling.max_new_tokens)
+        self.versions[request_id] = list(out.versions or [])
         return out
+
+
+def _norm_scale(version: int) -> float:
+    """The pushed policy of each version: the final norm scaled, so each version's logprobs differ (cycling within
+    +-10 %, so the scripts' behaviour stays what the checks expect)."""
+    return 1.0 + 0.05 * (((version + 2) % 5) - 2)  # version 0: the weights as built
+
+
+def _push_only_the_norm(model) -> None:
+    """Train (and so push) only the final norm, as LoRA pushes only its adapter: a 64-float push."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(name == "model.norm.weight")
 
 
 def _configs(prompt_len: int) -> list[tuple[RolloutConfig, bool]]:
@@ -80,12 +107,23 @@ def _configs(prompt_len: int) -> list[tuple[RolloutConfig, bool]]:
     ]
 
 
-def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter) -> None:
-    """Count every way trajectory `t` departs from what its engine requests and tool results imply."""
+def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions=None) -> None:
+    """Count every way trajectory `t` departs from what its engine requests and tool results imply (and, with
+    `versions`, the engine's version stamps per request)."""
     ids, mask, lps = t.response_ids, t.loss_mask, t.logprobs
     if not (len(ids) == len(mask) == len(lps)):
         bad["lengths"] += 1
         return
+    if versions is not None:
+        vs = t.policy_versions
+        if len(vs) != len(ids):
+            bad["version_lengths"] += 1
+            return
+        if any((v < 0) != (m == 0) for v, m in zip(vs, mask)):
+            bad["version_on_tool_token"] += 1
+        policy = [v for v in vs if v >= 0]
+        if any(b < a for a, b in zip(policy, policy[1:])):
+            bad["version_not_monotonic"] += 1
     pos, turn = 0, 0
     prev_closed = True
     for k, span in enumerate(t.turns):
@@ -107,6 +145,8 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter) -> None:
                 bad["max_new_tokens"] += 1
             if mask[span.start:span.end] != [1] * len(piece) or lps[span.start:span.end] != out_lps:
                 bad["policy_mask_or_logprobs"] += 1
+            if versions is not None and t.policy_versions[span.start:span.end] != versions[f"{t.id}#{turn}"]:
+                bad["version_stamps"] += 1
             prev_closed = bool(out) and out[-1] == chat.im_end_id
             turn += 1
         else:
@@ -139,7 +179,8 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter) -> None:
         bad["finish_context"] += 1  # stopped for context with plenty left: the guard fired wrongly
 
 
-async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_property):
+@pytest.mark.parametrize("pushes", [False, True], ids=["fixed_weights", "weight_pushes"])
+async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_property, pushes):
     tok = qwen_tokenizer
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {
@@ -150,11 +191,23 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
     async with ToolManager.from_files([config]) as tools:
         schemas = tools.openai_schemas()
         base_chat = ChatFormat(tok, schemas, enable_thinking=False)
-        model = build_scripted_qwen3(tok, SCRIPTS, start_token_ids=[base_chat.generation_prompt_ids[-1]],
-                                     junk_prob=0.03, junk_exits={"<|im_end|>": 0.12, "<tool_call>": 0.06})
+
+        def scripted():
+            return build_scripted_qwen3(tok, SCRIPTS, start_token_ids=[base_chat.generation_prompt_ids[-1]],
+                                        junk_prob=0.03, junk_exits={"<|im_end|>": 0.12, "<tool_call>": 0.06})
+
+        model = scripted()
+        base_norm = model.model.norm.weight.detach().clone()
+        weights = trainer_model = None
+        if pushes:  # the trainer's copy of the policy publishes versions; the engine loads them between steps
+            trainer_model = scripted()
+            for m in (model, trainer_model):
+                _push_only_the_norm(m)
+            weights = SharedWeights.from_model(trainer_model, version=0)
         # 48 rows keep a step's [B, 151669] fp32 logits under glibc's 32 MB mmap threshold: larger steps page-fault a
         # fresh buffer every step (15 s of system time over this test at 128 rows) for no gain in throughput.
-        engine = HFEngine(model, pad_token_id=151643, eos_token_ids=base_chat.stop_token_ids, max_batch_size=48)
+        engine = HFEngine(model, pad_token_id=151643, eos_token_ids=base_chat.stop_token_ids, max_batch_size=48,
+                          weight_source=weights)
         recorder = RecordingEngine(engine)
         prompt_len = len(base_chat.prompt_ids(base_chat.prompt_messages("What is 6*7-1? q0000")))
         loops = []
@@ -162,23 +215,41 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
             chat = ChatFormat(tok, schemas, enable_thinking=False, stop_at_tool_call_end=stop_at_call_end)
             loops.append((AgentLoop(recorder, tools, chat, cfg), cfg, chat))
         tasks_per_loop = -(-N_TRAJECTORIES // (4 * len(loops)))  # 4 samples per task; round up
+
+        async def push_versions(done: asyncio.Event) -> int:
+            version = 0
+            while not done.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(done.wait(), 0.5)
+                version += 1
+                with torch.no_grad():
+                    trainer_model.model.norm.weight.copy_(base_norm * _norm_scale(version))
+                weights.publish(trainer_model, version)
+            return version
+
+        done = asyncio.Event()
+        pusher = asyncio.create_task(push_versions(done)) if pushes else None
         try:
             batches = await asyncio.gather(*(
                 loop.run_batch([{"prompt": f"What is 6*7-1? q{li}{i:03d}", "id": f"{li}-{i}"}
                                 for i in range(tasks_per_loop)], samples_per_prompt=4, horizon=3, seed=li)
                 for li, (loop, _, _) in enumerate(loops)))
         finally:
+            done.set()
+            pushed = await pusher if pusher is not None else 0
             await engine.close()
 
     bad: Counter = Counter()
     reasons: Counter = Counter()
     turns = parsed_turns = truncated = closed_by_template = 0
     total = 0
+    all_trajs = []
     for (loop, cfg, chat), (trajs, _metrics) in zip(loops, batches):
         for t in trajs:
             total += 1
+            all_trajs.append(t)
             reasons[t.finish_reason] += 1
-            _check(t, cfg, chat, recorder.seen, bad)
+            _check(t, cfg, chat, recorder.seen, bad, recorder.versions if pushes else None)
             for span in t.turns:
                 if span.role == "assistant":
                     turns += 1
@@ -187,13 +258,19 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
                     closed_by_template += 1
             truncated += sum("tokens truncated" in c.result for c in t.tool_calls)
     fraction = parsed_turns / max(1, turns)
+    spans = {}
+    if pushes:
+        spans = _check_versions(all_trajs, model, base_norm, bad)
+        await _check_process_rewards(all_trajs, tmp_path, bad)
     for key, value in {"trajectories": total, "assistant_turns": turns, "turns_with_parseable_calls": fraction,
                        "truncated_tool_responses": truncated, "turns_closed_by_template": closed_by_template,
+                       "versions_pushed": pushed, **spans,
                        **{f"finish_{k}": v for k, v in reasons.items()}, **{f"mismatch_{k}": v for k, v in bad.items()}
                        }.items():
         record_property(key, value)
     log.warning("token-exact: %d trajectories, %d turns, %.0f%% with parseable calls, finish %s, mismatches %s, "
-                "engine %s", total, turns, 100 * fraction, dict(reasons), dict(bad), engine.stats)
+                "engine %s, pushes %d, %s", total, turns, 100 * fraction, dict(reasons), dict(bad), engine.stats,
+                pushed, spans)
 
     assert total >= N_TRAJECTORIES
     assert sum(bad.values()) == 0, dict(bad)
@@ -201,3 +278,50 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
     assert fraction > 0.3 and truncated >= total // 50 and closed_by_template >= total // 50
     assert all(reasons[r] >= max(1, total // 100) for r in ("stop", "max_turns", "token_budget", "context_length")), \
         dict(reasons)
+    if pushes:  # weights really changed under trajectories in flight, and inside single turns
+        assert engine.weight_loads >= 10 and spans["trajectories_spanning_versions"] >= total // 20, spans
+        assert spans["turns_spanning_versions"] >= 1, spans
+
+
+def _check_versions(trajs, model, base_norm, bad: Counter, sample: int = 300) -> dict[str, int]:
+    """Recompute a sample of policy tokens' logprobs under the weights of the version stamped on each (full
+    forward over prompt + response so far, temperature 1 as the configs sample) and count disagreements. One
+    version's neighbours differ by >= 0.01 on these tokens, far above the 2e-5 allowed."""
+    rng = random.Random(0)
+    points = [(t, j) for t in trajs for j, m in enumerate(t.loss_mask) if m]
+    picked = sorted(rng.sample(points, min(sample, len(points))), key=lambda p: p[0].policy_versions[p[1]])
+    with torch.no_grad():
+        for t, j in picked:
+            v = t.policy_versions[j]
+            model.model.norm.weight.copy_(base_norm * _norm_scale(v))
+            ctx = torch.tensor([t.prompt_ids + t.response_ids[:j]])
+            logits = model(input_ids=ctx, logits_to_keep=1).logits[0, -1].double()
+            # in float64: torch's float32 log_softmax over 151,669 ids is itself off by ~3e-4 on this model
+            want = torch.log_softmax(logits, -1)[t.response_ids[j]].item()
+            if abs(want - t.logprobs[j]) > 2e-5:
+                bad["logprob_under_stamped_version"] += 1
+    turns_spanning = sum(1 for t in trajs for s in t.turns if s.role == "assistant"
+                         and len(set(t.policy_versions[s.start:s.end])) > 1)
+    return {"trajectories_spanning_versions": sum(1 for t in trajs if len({v for v in t.policy_versions
+                                                                            if v >= 0}) > 1),
+            "turns_spanning_versions": turns_spanning, "logprobs_recomputed": len(picked)}
+
+
+async def _check_process_rewards(trajs, tmp_path, bad: Counter) -> None:
+    """A per-turn (process) reward scores each assistant turn by its own calls and sits on that turn's last token,
+    whatever versions the turn spans."""
+    rewards = RewardSet.from_config(RewardsConfig(functions=[{"function": "tool_success_per_turn"}]), tmp_path)
+    await rewards.score(trajs)
+    for t in trajs:
+        assistant = [s for s in t.turns if s.role == "assistant"]
+        if t.step_rewards is None or len(t.step_rewards) != len(assistant):
+            bad["step_rewards_per_turn"] += 1
+            continue
+        placed = token_level_rewards(t)  # the only function is per-turn: the reward is the sum of the turns'
+        if abs(sum(placed) - t.reward) > 1e-9:
+            bad["step_rewards_sum"] += 1
+        for k, span in enumerate(assistant):
+            calls = [c for c in t.tool_calls if c.turn == k]
+            want = 0.0 if not calls else (-1.0 if any(c.is_error for c in calls) else 1.0)
+            if t.step_rewards[k] != want or (span.end > span.start and placed[span.end - 1] != want):
+                bad["step_reward_placement"] += 1

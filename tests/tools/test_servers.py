@@ -239,3 +239,22 @@ async def test_shipped_servers_behind_the_tool_manager_with_the_embedded_cache(t
                                  "</tool_response>")
     finally:
         await cache.close()
+
+
+def test_calculator_latency_injection_is_seeded_and_heavy_tailed():
+    lat = calculator.Latency(median_s=0.1, tail_fraction=0.05, tail_s=(5.0, 10.0), seed=4)
+    draws = [lat.draw() for _ in range(4000)]
+    again = calculator.Latency(median_s=0.1, tail_fraction=0.05, tail_s=(5.0, 10.0), seed=4)
+    assert draws == [again.draw() for _ in range(4000)]
+    tail = [d for d in draws if d >= 5.0]
+    body = sorted(d for d in draws if d < 5.0)
+    assert 0.035 < len(tail) / len(draws) < 0.065 and all(d <= 10.0 for d in tail)
+    assert 0.09 < body[len(body) // 2] < 0.11  # log-normal around the median
+    assert calculator.Latency().draw() == 0.0  # off by default
+
+
+async def test_calculator_with_injected_latency_over_stdio():
+    async with stdio_session("calculator.py", "--latency-median-s", "0.01", "--tail-fraction", "0.5",
+                             "--tail-s", "0.2:0.3") as session:
+        for _ in range(4):
+            assert await call_text(session, "calculator", {"expression": "6*7"}) == ("42", False)

@@ -8,7 +8,10 @@ When idle, the first request waits `batch_wait_ms` for company before its prefil
 
 Weights: `update_weights(state_dict)` copies new weights in between steps. When the engine shares the trainer's
 model object (the local trainer), the optimizer already updated those tensors in place and the call is a no-op;
-the trainer must then not step the optimizer while a rollout is generating.
+the trainer must then not step the optimizer while a rollout is generating. With a `weight_source` (the shared
+weights of an asynchronous run, rlfactory/trainer/weight_push.py) the worker loads a newer published version before
+each step, so requests in flight continue under the new weights (their KV cache from the old ones is kept). Every
+sampled token is stamped with `policy_version`, the version of the weights that sampled it.
 Left out: prefix caching across requests, speculative decoding, paged attention (use the vLLM engine for those).
 See `hf_sampling` for the logprob convention.
 """
@@ -59,6 +62,7 @@ class _Request:
     request_id: str
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
     finish: str | None = None
     cancelled: bool = False
 
@@ -77,8 +81,10 @@ class HFEngine:
         device: Any = None,
         tokenizer: Any = None,
         max_prefill_tokens: int = 32_768,
+        weight_source: Any = None,
     ):
         """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill.
+        `weight_source`: a `SharedWeights` to load newer pushed versions from between steps.
 
         On CPU, a `max_batch_size` whose [rows, vocab] fp32 logits stay under 32 MB (48 rows for Qwen's 151,669 ids)
         lets the allocator reuse each step's logits buffer; larger steps page-fault a fresh one every step.
@@ -96,6 +102,11 @@ class HFEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.stats = EngineStats()
+        self.policy_version = 0
+        """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
+        self.weight_source = weight_source
+        self.weight_loads = 0
+        self.weight_load_s = 0.0
         self._pending: deque[_Request] = deque()
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()  # held for every forward pass and for weight loads
@@ -141,6 +152,23 @@ class HFEngine:
     async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights between decode steps (a no-op when `state_dict` holds this model's own tensors)."""
         await asyncio.to_thread(self._load_weights, state_dict)
+
+    def load_pushed_weights(self) -> bool:
+        """Load the weight source's version now if it is newer than the one loaded; True when it was."""
+        if self.weight_source is None:
+            return False
+        with self._step_lock:
+            return self._poll_weights()
+
+    def _poll_weights(self) -> bool:
+        t0 = time.perf_counter()
+        got = self.weight_source.load_into(self.model, self.policy_version)
+        if got is None:
+            return False
+        self.policy_version = got
+        self.weight_loads += 1
+        self.weight_load_s += time.perf_counter() - t0
+        return True
 
     async def close(self) -> None:
         with self._cond:
@@ -194,6 +222,8 @@ class HFEngine:
     def _step(self, batch: BatchKV, rows: list[_Request], admitted: list[_Request]) -> list[_Request]:
         """Admit (prefill) new rows, then decode one token for every live row. Returns the rows still running."""
         with self._step_lock, torch.inference_mode():
+            if self.weight_source is not None:
+                self._poll_weights()
             if admitted:
                 self._prefill(batch, rows, admitted)
                 rows = self._evict(batch, rows)  # some stop on their first token
@@ -244,6 +274,7 @@ class HFEngine:
         for r, tok, lp in zip(reqs, tokens, logprobs):
             r.out_ids.append(tok)
             r.out_logprobs.append(lp)
+            r.out_versions.append(self.policy_version)
             self.stats.generated_tokens += 1
             r.finish = self._finish_reason(r, tok)
 
@@ -284,7 +315,8 @@ class HFEngine:
                 r.future.set_exception(error)
             else:
                 r.future.set_result(GenerationOutput(
-                    token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop"))
+                    token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop",
+                    versions=r.out_versions))
         try:
             r.loop.call_soon_threadsafe(deliver)
         except RuntimeError:  # the caller's event loop is gone; nobody is waiting

@@ -30,6 +30,9 @@ class GenerationOutput(BaseModel):
     logprobs: list[float] | None = None
     """Logprob of each generated token under the sampling distribution's model (temperature-scaled)."""
     finish_reason: Literal["stop", "length", "abort"] = "stop"
+    versions: list[int] | None = None
+    """The policy version (optimizer steps taken) whose weights sampled each token; None when the engine does not
+    track versions. Weights may change between two tokens of one request (asynchronous training)."""
 
 
 @runtime_checkable

@@ -1,0 +1,251 @@
+"""The local engine, asynchronous (`trainer.max_staleness_steps: k >= 1`): a generator process keeps rolling out
+while this process updates the policy, on separate cores.
+
+    generator process (generator.py): rollouts + rewards with the newest pushed weights, up to the staleness bound
+    this process: take prompts_per_step finished groups -> GRPO update with off-policy correction -> push weights
+
+Step s trains policy version s (s optimizer steps taken) on groups whose tokens were sampled by versions s-k..s.
+`trainer.stale_groups` says what happens to a group that falls behind the bound: `drop` (default) takes finished
+groups oldest first and drops (counts) any whose oldest token is more than k versions old; `wait` takes groups in
+the order they started, so none is ever too old, and a straggler holds the step. The loss is the decoupled PPO
+objective with truncated importance weights and/or masking (`algorithm.off_policy`, algorithms/off_policy.py).
+
+Metrics per step (metrics.jsonl) add `async/*`: staleness per token and per trajectory (mean, max), trajectories
+dropped, weight-push seconds (trainer) and weight-load seconds (generator), idle seconds of the trainer (waiting for
+groups) and of the generator's engine (no forward pass to run), seconds the bound held the generator back; and
+`off_policy/*`: behaviour-vs-proximal logprob gap and KL, tokens clipped or masked by the correction.
+
+Checkpoints hold the model, optimizer and the data position: the first group not yet trained, and those trained
+after it. Groups in flight or waiting when a run is killed are discarded, and a resumed run generates their
+prompts again under the restored weights (so a resume is exact only for k = 0, the synchronous loop).
+Left out: more than one generator process, vLLM as the generator.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+
+from rlfactory.algorithms.off_policy import staleness_metrics
+from rlfactory.errors import RLFactoryError
+from rlfactory.report.metrics import MetricsLog, reward_summary
+from rlfactory.report.run_report import write_report
+from rlfactory.report.transcripts import save_transcripts
+from rlfactory.reward import combine_reward_metrics
+from rlfactory.rollout.agent_loop import rollout_metrics
+from rlfactory.rollout.horizon import stage_for_step
+from rlfactory.tools.manager import combine_counters, tool_metrics
+from rlfactory.trainer.generator import GeneratorLaunch, Setup, drain
+from rlfactory.trainer.group_queue import GroupQueue
+from rlfactory.trainer.loop import LocalTrainer, StageTimer, _step_seed
+from rlfactory.trainer.progress import StepProgress
+from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.wiring import open_rollout_side
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 600.0
+"""How long the generator may take to load the model and start its tool servers."""
+
+
+class AsyncTrainer(LocalTrainer):
+    """`LocalTrainer` whose rollouts come from a generator process; `await run()` trains."""
+
+    def __init__(self, *args: Any, launch: GeneratorLaunch | None = None, **kwargs: Any):
+        self.launch = launch  # started before this process loaded torch (api.train), or here
+        super().__init__(*args, **kwargs)
+        t = self.recipe.trainer
+        self.k = t.max_staleness_steps
+        self.queue = GroupQueue(t.prompts_per_step, self.k, t.stale_groups)
+        self._dropped_step = 0
+        self._gen_stats: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------------------------- state
+    def _save(self) -> Any:
+        self.sampler.seek(self.queue.watermark)
+        return super()._save()
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"async": self.queue.state()}
+
+    def _restore(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
+        if state.get("async") is None:  # a synchronous run's checkpoint: it drew prompts_per_step groups per step
+            self.queue.watermark = self.sampler.absolute_position()
+        else:
+            self.queue.load_state(state["async"])
+
+    # ----------------------------------------------------------------------------------------------- intake
+    def _take(self, msg: tuple[str, Any]) -> None:
+        kind, body = msg
+        if kind == "error":
+            if body["user"]:
+                raise RLFactoryError(f"the generator process failed: {body['message']}")
+            raise RLFactoryError(f"the generator process failed: {body['message']}\n{body['traceback']}")
+        if kind == "group":
+            self.queue.add(body)
+            self._gen_stats = body.stats
+        elif kind == "dropped":
+            self.queue.drop(body.index, body.trajectories)
+            self._dropped_step += body.trajectories
+            self._gen_stats = body.stats
+
+    async def _receive(self, timeout_s: float) -> None:
+        launch = self.launch
+        for msg in await asyncio.to_thread(drain, launch.results, timeout_s):
+            self._take(msg)
+        if not launch.proc.is_alive() and launch.results.empty():
+            raise RLFactoryError(f"the generator process exited (code {launch.proc.exitcode}) without reporting an "
+                                 f"error; see the log above")
+
+    def _pick(self, step: int) -> list[Any] | None:
+        """prompts_per_step groups for the step at policy version `step`, or None while too few are ready."""
+        before = self.queue.dropped_trajectories
+        groups, dropped = self.queue.take(step)
+        if dropped:
+            self._dropped_step += self.queue.dropped_trajectories - before
+            with self.launch.trainer_drops.get_lock():
+                self.launch.trainer_drops.value += dropped
+        return groups
+
+    # ----------------------------------------------------------------------------------------------- run
+    async def run(self) -> dict[str, Any]:
+        r, t = self.recipe, self.recipe.trainer
+        self._restore(self._prepare_run_dir())
+        start_step = self.step
+        log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
+        wall0 = time.perf_counter()
+        last_eval: dict[str, float] = {}
+        bar = StepProgress(self.progress, t.total_steps, start_step)
+        if self.launch is None:
+            self.launch = GeneratorLaunch.start(r)
+        weights = SharedWeights.from_model(self.model, self.launch.lock, version=self.step)
+        self.launch.setup(Setup(weights=weights, start_index=self.queue.watermark,
+                                skip=sorted(self.queue.done_above), start_version=self.step))
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                await self._wait_ready()
+                eval_side = None
+                prev_stats = dict(self._gen_stats)
+                while self.step < t.total_steps:
+                    s = self.step
+                    timer = StageTimer()
+                    self._dropped_step = 0
+                    with timer("step"):
+                        with timer("wait"):
+                            while (groups := self._pick(s)) is None:
+                                await self._receive(0.05)
+                        trajs = [x for g in groups for x in g.trajectories]
+                        with timer("update"):
+                            upd_m = await asyncio.to_thread(self._update, trajs, r.algorithm.off_policy)
+                        self.step += 1
+                        with timer("push"):
+                            weights.publish(self.model, self.step)
+                    row: dict[str, Any] = {"step": self.step, "horizon": max(x.horizon or 0 for x in trajs),
+                                           "horizon_stage": stage_for_step(r.rollout.horizon, s)}
+                    rew_m = combine_reward_metrics([m for g in groups for m in g.reward_metrics])
+                    self.rewards_so_far.append(rew_m["reward/mean"])
+                    row.update(rew_m)
+                    row.update(rollout_metrics(trajs))
+                    counts = [g.tools for g in groups if g.tools is not None]
+                    if counts:
+                        tools_c = combine_counters(counts)
+                        tools_c["restarts"] = int(self._gen_stats.get("tool_restarts", 0.0)
+                                                  - prev_stats.get("tool_restarts", 0.0))
+                        row.update(tool_metrics(tools_c))
+                    row.update(upd_m)
+                    row.update(timer.metrics())
+                    row.update(staleness_metrics(trajs, s))
+                    row.update(self._async_metrics(timer, prev_stats))
+                    prev_stats = dict(self._gen_stats)
+                    row["perf/tokens_per_s"] = sum(sum(x.loss_mask) for x in trajs) / max(timer.seconds["step"], 1e-9)
+                    if t.log.transcripts_per_step:
+                        pick = random.Random(_step_seed(t.seed, s, 2)).sample(
+                            range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
+                        save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
+                                         [trajs[i] for i in sorted(pick)])
+                    if t.eval_every_steps and (self.step % t.eval_every_steps == 0 or self.step == t.total_steps):
+                        if eval_side is None:
+                            eval_side = await stack.enter_async_context(
+                                open_rollout_side(r, self.model, self.tokenizer, self.device, self.out / "eval"))
+                        with timer("eval"):
+                            last_eval = await self.evaluate(eval_side, tag=f"step_{self.step:06d}")
+                        row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
+                        row["perf/eval_s"] = timer.seconds["eval"]
+                    row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
+                    log.write(row)
+                    bar.update(self.step, row)
+                    if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
+                        self._save()
+        finally:
+            bar.close()
+            log.close()
+            self.launch.stop()
+        summary = {"name": r.name, "steps": self.step, "resumed_from_step": start_step,
+                   "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out),
+                   "max_staleness_steps": self.k, "dropped_trajectories": self.queue.dropped_trajectories,
+                   **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
+        if last_eval:
+            summary["eval"] = last_eval
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        try:
+            write_report(self.out, tokenizer=self.tokenizer)
+        except Exception as e:  # plots are a convenience: a failure here must not lose a finished run
+            logger.warning("could not write the report: %s", e)
+        return summary
+
+    async def _wait_ready(self) -> None:
+        proc, results = self.launch.proc, self.launch.results
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            for kind, body in await asyncio.to_thread(drain, results, 0.2):
+                if kind == "ready":
+                    logger.info("generator process %s ready (policy version %s)", body["pid"], body["version"])
+                    return
+                self._take((kind, body))
+            if not proc.is_alive():
+                raise RLFactoryError(f"the generator process exited (code {proc.exitcode}) while starting")
+            if time.monotonic() > deadline:
+                raise RLFactoryError(f"the generator process did not start within {READY_TIMEOUT_S:.0f} s")
+
+    def _async_metrics(self, timer: StageTimer, prev: dict[str, float]) -> dict[str, float]:
+        now = self._gen_stats
+
+        def delta(key: str) -> float:
+            return float(now.get(key, 0.0) - prev.get(key, 0.0))
+
+        wall = delta("wall_s")
+        return {
+            "async/policy_version": float(self.step - 1),
+            "async/dropped_trajectories": float(self._dropped_step),
+            "async/dropped_trajectories_total": float(self.queue.dropped_trajectories),
+            "async/groups_waiting": float(len(self.queue.pending)),
+            "async/weight_push_s": timer.seconds.get("push", 0.0),
+            "async/weight_load_s": delta("weight_load_s"),
+            "async/weight_loads": delta("weight_loads"),
+            "async/trainer_idle_s": timer.seconds.get("wait", 0.0),
+            "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s")),
+            "async/generator_gated_s": delta("gated_s"),
+        }
+
+
+def train_async(recipe: Any, *, resume: bool = False, progress: bool = False,
+                launch: GeneratorLaunch | None = None) -> dict[str, Any]:
+    """Run an asynchronous local recipe; returns the summary dict. `launch`: a generator already started for this
+    recipe (it is stopped when the run ends, however it ends)."""
+    torch.set_num_threads(recipe.trainer.torch_threads)
+    trainer = None
+    try:
+        trainer = AsyncTrainer(recipe, resume=resume, progress=progress, launch=launch)
+        return asyncio.run(trainer.run())
+    finally:
+        launch = trainer.launch if trainer is not None else launch
+        if launch is not None:
+            launch.stop()

@@ -1,0 +1,415 @@
+"""The generator process of an asynchronous local run (`trainer.max_staleness_steps: k >= 1`).
+
+    trainer process                                  generator process (spawned, its own core)
+    ---------------                                  ---------------------------------------------------------
+    SharedWeights.publish(model, v)  ---- shm --->   HF engine loads version v between two decode steps
+    results.get() <------------ queue ------------   scored GRPO groups (trajectories stamped with versions)
+    trainer_drops, stop  -------- shared -------->   the staleness gate, shutdown
+
+The generator runs its own copy of the policy, tool servers, AgentLoop and RewardSet, and keeps as many GRPO groups
+in flight as the staleness bound allows: group number i may start while
+    started - dropped < (v - v0 + k + 1) * prompts_per_step
+where v is the newest published version and v0 the version this launch began at. Groups consumed in start order
+are then trained at most k versions after they started; a straggler the trainer skips past may not be, and the
+trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet the bound
+(counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a trajectory
+in flight continues under them (a partial rollout): every policy token carries the version that sampled it.
+
+Start-up: `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
+imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
+here). The generator loads its model and then waits for `setup` (the shared weights and the data position, once
+the trainer has prepared the run folder and restored any checkpoint) before it starts its tool servers. With
+`trainer.split_cores` the generator (and the tool servers it starts) runs on the second half of the CPUs and the
+trainer on the first: on 2 cores that kept the update at its synchronous speed (0.96 s, against 1.03-1.13 s when
+the two processes' threads shared both cores).
+
+Group i's prompt is the i-th draw of the run's seeded task order (`TaskSampler.at`), so a resumed run restarts
+from the first group not yet trained, skipping those trained after it; groups in flight at a kill are lost and
+their prompts generated again.
+Left out: several generator processes, vLLM as the generator (it takes the same pushes later).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rlfactory.errors import RLFactoryError
+
+if TYPE_CHECKING:  # the parent imports this module before torch: keep it light
+    from rlfactory.recipe.schema import Recipe
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.005
+"""How often the generator looks at the published version and the stop flag while it waits."""
+
+
+SETUP_TIMEOUT_S = 900.0
+"""How long a loaded generator waits for the trainer's `setup` (the trainer loads its model, or resumes, meanwhile)."""
+
+
+@dataclass
+class GeneratorSpec:
+    """What the generator process needs to start, pickled into it."""
+
+    recipe: "Recipe"
+    run_dir: str
+    parent_pid: int
+
+
+@dataclass
+class Setup:
+    """What the trainer sends once its model is loaded and the run folder is ready."""
+
+    weights: Any
+    """The `SharedWeights` the trainer publishes to."""
+    start_index: int
+    """The first group (task draw) to generate."""
+    skip: list[int]
+    """Groups at or after start_index that were already trained (a resumed run)."""
+    start_version: int
+
+
+class GeneratorLaunch:
+    """The generator process and its channels, as the trainer holds them."""
+
+    def __init__(self, recipe: "Recipe"):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.ctx = ctx
+        self.results, self.stop_event = ctx.Queue(), ctx.Event()
+        # a pipe, not a queue: send() pickles in the caller, so a message that cannot travel fails there, loudly
+        self._setup_in, self._setup_out = ctx.Pipe(duplex=False)
+        self.lock = ctx.Lock()
+        """The SharedWeights lock (a lock reaches a spawned process only as an argument of the spawn)."""
+        self.trainer_drops = ctx.Value("q", 0)
+        """Groups the trainer dropped (they free their places under the staleness bound)."""
+        spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
+        self._cpus: list[int] | None = None  # this process's CPUs before the split (restored by stop)
+        self.proc = ctx.Process(target=generator_main, name="rlfactory-generator", daemon=True,
+                                args=(spec, self.results, (self._setup_in, self.lock), self.stop_event,
+                                      self.trainer_drops))
+
+    @classmethod
+    def start(cls, recipe: "Recipe") -> "GeneratorLaunch":
+        launch = cls(recipe)
+        launch.proc.start()
+        if recipe.trainer.split_cores:
+            launch._split_cores()
+        return launch
+
+    def _split_cores(self) -> None:
+        """Give the generator (and the tool servers it starts) the second half of this process's CPUs and keep
+        the first half here, so neither process's threads (the engine's, the event loop's, the update's) take
+        turns on the other's core."""
+        if not hasattr(os, "sched_getaffinity"):
+            return
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            return
+        half = len(cpus) // 2
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(self.proc.pid, cpus[half:])
+            os.sched_setaffinity(0, cpus[:half])
+            self._cpus = cpus
+            logger.info("CPUs: trainer %s, generator %s", cpus[:half], cpus[half:])
+
+    def setup(self, setup: Setup) -> None:
+        self._setup_out.send(setup)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the generator to close its tool servers and exit; terminate it if it does not."""
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout_s
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                drain(self.results, 0.1)  # a full queue would keep its feeder thread, and the process, alive
+        if self.proc.is_alive():
+            logger.warning("the generator process did not stop within %.0f s; terminating it", timeout_s)
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        with contextlib.suppress(Exception):
+            self.results.cancel_join_thread()
+            self.results.close()
+        if self._cpus is not None:  # a Python caller's process goes on after the run with all its CPUs
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self._cpus)
+            self._cpus = None
+        for end in (self._setup_in, self._setup_out):
+            with contextlib.suppress(Exception):
+                end.close()
+
+
+@dataclass
+class GroupResult:
+    """One finished, scored GRPO group."""
+
+    index: int
+    trajectories: list[Any]
+    reward_metrics: list[dict[str, float]]
+    """`RewardSet.score` metrics of each trajectory alone (combined per step by the trainer)."""
+    start_version: int
+    tools: dict[str, Any] | None
+    """Counters (`ToolManager.counters()` shape) of this group's tool calls; None without tools."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """The generator's cumulative counters: see `Generator.stats`."""
+
+
+@dataclass
+class GroupDropped:
+    index: int
+    trajectories: int
+    oldest_version: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def generator_main(spec: GeneratorSpec, results: Any, setup: Any, stop: Any, trainer_drops: Any) -> None:
+    """Process entry point: run the generator until `stop` is set or the parent dies. A failure is reported on
+    `results` as ("error", {message, traceback, user}) and ends the process; `user` marks the project's own
+    errors (configuration, tool servers), whose message is the whole story."""
+    _die_with_parent()
+    try:
+        asyncio.run(Generator(spec, results, setup, stop, trainer_drops).run())
+    except BaseException as e:  # reported to the trainer, which raises it there
+        if not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            results.put(("error", {"message": f"{type(e).__name__}: {e}" if not isinstance(e, RLFactoryError)
+                                   else str(e), "traceback": traceback.format_exc(),
+                                   "user": isinstance(e, RLFactoryError)}))
+    finally:
+        results.close()
+        results.join_thread()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the trainer dies (also by kill -9); elsewhere the watchdog covers it."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Generator:
+    def __init__(self, spec: GeneratorSpec, results: Any, setup: Any, stop: Any, trainer_drops: Any):
+        self.spec = spec
+        self.r = spec.recipe
+        self.weights: Any = None  # SharedWeights, from the trainer's Setup
+        self.start_version = 0
+        self.setup_in, self.lock = setup  # the pipe's receiving end, the SharedWeights lock
+        self.results = results
+        self.stop = stop
+        self.trainer_drops = trainer_drops
+        self.k = self.r.trainer.max_staleness_steps
+        self.P = self.r.trainer.prompts_per_step
+        self.drop_stale = self.r.trainer.stale_groups == "drop"
+        self.started = self.dropped = 0
+        self.gated_s = 0.0
+        self.t0 = time.perf_counter()
+        self.group_oldest: dict[str, int] = {}  # group id -> oldest version served to it so far
+        self.tools: Any = None
+        self._closing = asyncio.Event()
+
+    def stats(self, engine: Any) -> dict[str, float]:
+        """Cumulative: wall_s since start, engine busy_s, gated_s (the bound held new groups back), weight loads and
+        their seconds, groups started and dropped here."""
+        es = engine.stats
+        return {"wall_s": time.perf_counter() - self.t0, "engine_busy_s": es.busy_s, "gated_s": self.gated_s,
+                "weight_loads": float(engine.weight_loads), "weight_load_s": engine.weight_load_s,
+                "started": float(self.started), "dropped": float(self.dropped),
+                "tool_restarts": float(self.tools.counters()["restarts"]) if self.tools is not None else 0.0}
+
+    def _allowed(self) -> bool:
+        budget = (self.weights.version - self.start_version + self.k + 1) * self.P
+        return self.started - self.dropped - int(self.trainer_drops.value) < budget
+
+    async def run(self) -> None:
+        import torch
+
+        from rlfactory.data.tasks import TaskSampler, load_tasks
+        from rlfactory.models.devices import resolve_device
+        from rlfactory.models.loading import load_policy, load_tokenizer
+        from rlfactory.trainer.wiring import open_rollout_side
+
+        r = self.r
+        torch.set_num_threads(r.trainer.torch_threads)
+        torch.manual_seed(r.trainer.seed)  # as the trainer, so weights that do not train match too (LoRA's base)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, self._closing.set)
+        threading.Thread(target=self._watch_parent, args=(loop,), daemon=True, name="parent-watch").start()
+        device = resolve_device(r.trainer.device)
+        tasks = load_tasks(r.data.train_file, r.data)
+        sampler = TaskSampler(len(tasks), r.trainer.seed)
+        tokenizer = load_tokenizer(r)
+        model = load_policy(r, device).eval()
+        setup = await self._wait_setup()
+        if setup is None:
+            return
+        self.weights, self.start_version = setup.weights.with_lock(self.lock), setup.start_version
+        run_dir = self.spec.run_dir
+        async with open_rollout_side(r, model, tokenizer, device, run_dir, weight_source=self.weights) as side:
+            side.engine.load_pushed_weights()
+            self.tools = side.tools
+            self.results.put(("ready", {"pid": os.getpid(), "version": side.engine.policy_version}))
+            await self._serve(side, tasks, sampler, setup)
+
+    async def _wait_setup(self) -> Setup | None:
+        """The trainer's Setup, or None when told to stop first."""
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while not (self.stop.is_set() or self._closing.is_set()):
+            if await asyncio.to_thread(self.setup_in.poll, 0.1):
+                return self.setup_in.recv()
+            if time.monotonic() > deadline:
+                raise RLFactoryError(f"the trainer sent no setup within {SETUP_TIMEOUT_S:.0f} s")
+        return None
+
+    def _watch_parent(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != self.spec.parent_pid:
+                loop.call_soon_threadsafe(self._closing.set)
+                time.sleep(20)  # a clean close stops the tool servers; past this, leave anyway
+                os._exit(1)
+
+    async def _serve(self, side: Any, tasks: list[dict[str, Any]], sampler: Any, setup: Setup) -> None:
+        from rlfactory.rollout.agent_loop import mix_seed
+        from rlfactory.rollout.horizon import horizon_for_step
+
+        r = self.r
+        gate = asyncio.Semaphore(r.rollout.max_concurrent_trajectories)
+        inflight: dict[int, asyncio.Task] = {}
+        gids: dict[int, str] = {}
+        skip = set(setup.skip)
+        index = setup.start_index
+        engine = side.engine
+        try:
+            while not (self.stop.is_set() or self._closing.is_set()):
+                while self._allowed():
+                    while index in skip:
+                        index += 1
+                    task = tasks[sampler.at(index)]
+                    gid = f"{task.get('id', index)}@{index}"
+                    version = self.weights.version
+                    horizon = horizon_for_step(r.rollout.horizon, version)
+                    inflight[index] = asyncio.create_task(
+                        self._group(side, gate, index, gid, task, horizon, mix_seed(r.trainer.seed, index, 7),
+                                    version))
+                    gids[index] = gid
+                    self.started += 1
+                    index += 1
+                if self.drop_stale:
+                    self._cancel_stale(inflight, gids, engine)
+                done = [i for i, t in inflight.items() if t.done()]
+                for i in done:
+                    inflight.pop(i).result()  # a failure inside a group is a bug here: raise it
+                    self.group_oldest.pop(gids.pop(i), None)
+                t0 = time.perf_counter()
+                await asyncio.sleep(POLL_S)
+                if not self._allowed():
+                    self.gated_s += time.perf_counter() - t0
+        finally:
+            for t in inflight.values():
+                t.cancel()
+            await asyncio.gather(*inflight.values(), return_exceptions=True)
+
+    def _cancel_stale(self, inflight: dict[int, asyncio.Task], gids: dict[int, str], engine: Any) -> None:
+        """A group whose oldest token is more than k versions behind the version the trainer trains next can never
+        be trained: cancel it and count it dropped."""
+        floor = self.weights.version - self.k
+        for i in list(inflight):
+            oldest = self.group_oldest.get(gids[i])
+            if oldest is not None and oldest < floor and not inflight[i].done():
+                inflight.pop(i).cancel()
+                self.group_oldest.pop(gids.pop(i), None)
+                self.dropped += 1
+                self.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
+                                                          self.stats(engine))))
+
+    async def _group(self, side: Any, gate: asyncio.Semaphore, index: int, gid: str, task: dict[str, Any],
+                     horizon: int, seed: int, version: int) -> None:
+        from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
+
+        tools = None if side.tools is None else _GroupTools(side.tools)
+        loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest), tools, side.chat, self.r.rollout)
+
+        async def one(k: int) -> Any:
+            async with gate:
+                return await loop.run_one(task, sample_index=k, group_id=gid, horizon=horizon, seed=mix_seed(seed, k))
+
+        n = self.r.rollout.samples_per_prompt
+        trajs = list(await asyncio.gather(*(one(k) for k in range(n))))
+        metrics = list(await asyncio.gather(*(side.rewards.score([t]) for t in trajs)))
+        counts = None if tools is None else tools.counts
+        self.results.put(("group", GroupResult(index, trajs, metrics, version, counts, self.stats(side.engine))))
+
+
+class _GroupTools:
+    """The ToolManager as one group's AgentLoop sees it, counting that group's calls (`tools/*` per step are then
+    the step's own groups' calls, as in a synchronous step)."""
+
+    def __init__(self, tools: Any):
+        from rlfactory.tools.manager import empty_counters
+
+        self.tools = tools
+        self.counts = empty_counters()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tools, name)
+
+    async def call(self, call: Any) -> Any:
+        from rlfactory.tools.manager import count_result
+
+        result = await self.tools.call(call)
+        count_result(self.counts, result)
+        return result
+
+    async def call_many(self, calls: Any) -> Any:
+        from rlfactory.tools.manager import count_result
+
+        results = await self.tools.call_many(calls)
+        for result in results:
+            count_result(self.counts, result)
+        return results
+
+
+class _VersionWatch:
+    """The engine as the AgentLoop sees it, noting the oldest version served to each group (for `drop`)."""
+
+    def __init__(self, engine: Any, oldest: dict[str, int]):
+        self.engine = engine
+        self.oldest = oldest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str | None = None) -> Any:
+        out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+        if out.versions and request_id:
+            gid = request_id.rsplit("/", 1)[0]
+            low = min(out.versions)
+            self.oldest[gid] = min(self.oldest.get(gid, low), low)
+        return out
+
+
+def drain(results: Any, timeout_s: float) -> list[tuple[str, Any]]:
+    """Messages waiting on `results` within `timeout_s` (the first blocks, the rest do not)."""
+    out: list[tuple[str, Any]] = []
+    try:
+        out.append(results.get(timeout=timeout_s))
+        while True:
+            out.append(results.get_nowait())
+    except queue_mod.Empty:
+        pass
+    return out
