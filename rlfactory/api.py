@@ -26,6 +26,7 @@ from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.generator import GeneratorLaunch
+from rlfactory.trainer.run_dir import refuse_to_replace
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -50,10 +51,14 @@ def _check_or_raise(recipe: Recipe, *, for_training: bool) -> None:
         raise ConfigError(head, problems=check.errors)
 
 
-def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_run: bool = False) -> dict[str, Any]:
+def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_run: bool = False,
+          overwrite: bool = False) -> dict[str, Any]:
     """Train with the recipe's engine; returns the run summary (reward first-5 / last-5 / rise, steps, wall_s, ...).
 
-    Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid."""
+    Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid, or when
+    `trainer.output_dir` already holds a run and neither `resume` nor `overwrite` is set."""
+    if not dry_run:
+        refuse_to_replace(recipe.trainer.output_dir, resume=resume, overwrite=overwrite)
     # The engines are imported here, not at the top: an asynchronous run starts its generator process first, so
     # that the two processes import torch and load the model in parallel.
     if recipe.engine == "verl" or dry_run:
@@ -137,9 +142,9 @@ class RLFactory:
         raw = apply_overrides(raw, sets, source=str(recipe or "RLFactory(...)"))
         self.recipe = Recipe.from_dict(raw, base_dir=base, source=str(recipe) if recipe else "RLFactory(...)")
 
-    def train(self, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+    def train(self, *, resume: bool = False, progress: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Run training; returns the summary dict (also written to `<output_dir>/summary.json`)."""
-        return train(self.recipe, resume=resume, progress=progress)
+        return train(self.recipe, resume=resume, progress=progress, overwrite=overwrite)
 
     def evaluate(self, checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Mean reward and pass@k on the validation set."""

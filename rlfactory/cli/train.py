@@ -52,6 +52,8 @@ def train_cmd(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Run folder (overrides trainer.output_dir)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the run folder."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in the run folder (its "
+                                   "metrics, transcripts and checkpoints are deleted)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="local | verl (overrides the recipe's engine)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="verl: build and check the verl config, start nothing."),
 ) -> None:
@@ -64,13 +66,20 @@ def train_cmd(
     if output_dir is not None:
         overrides.append(f"trainer.output_dir={json.dumps(str(output_dir.resolve()))}")  # JSON is YAML: any path
     r = check_or_fail(recipe, overrides, for_training=not (dry_run or engine == "verl"))
+    if not dry_run:
+        from rlfactory.trainer.run_dir import refuse_to_replace
+
+        try:
+            refuse_to_replace(r.trainer.output_dir, resume=resume, overwrite=overwrite)
+        except RLFactoryError as e:
+            fail(str(e))
     if r.engine == "verl" or dry_run:
         _verl(r, dry_run=dry_run, resume=resume)
         return
     from rlfactory.api import train as run_train  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
-        summary = run_train(r, resume=resume, progress=True)
+        summary = run_train(r, resume=resume, progress=True, overwrite=True)  # the folder was checked above
     except RLFactoryError as e:
         fail(str(e))
     _print_done(summary)

@@ -27,6 +27,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -231,8 +232,9 @@ def load_mcp_config(path: str | os.PathLike[str]) -> dict[str, ServerConfig]:
     if not file.is_file():
         raise ConfigError("file not found (pass an existing mcpServers JSON file, e.g. mcp_configs/default.json)",
                           file=shown)
+    text = file.read_text()
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(text, object_pairs_hook=_Object.from_pairs)
     except json.JSONDecodeError as e:
         raise ConfigError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", file=shown) from None
     problems: list[str] = []
@@ -245,6 +247,11 @@ def load_mcp_config(path: str | os.PathLike[str]) -> dict[str, ServerConfig]:
     servers_raw = data["mcpServers"]
     if not isinstance(servers_raw, dict):
         raise ConfigError("mcpServers: must be an object mapping server names to their settings", file=shown)
+    for name in getattr(servers_raw, "duplicates", ()):
+        lines = _key_lines(text, name)
+        where = f" (lines {', '.join(map(str, lines))})" if len(lines) > 1 else ""
+        problems.append(f"mcpServers.{name}: defined more than once in this file{where}; JSON keeps only the last, "
+                        f"so rename or remove the others")
     base = file.resolve().parent
     servers: dict[str, ServerConfig] = {}
     for name, raw in servers_raw.items():
@@ -261,6 +268,29 @@ def load_mcp_config(path: str | os.PathLike[str]) -> dict[str, ServerConfig]:
         head = problems[0] if len(problems) == 1 else f"{len(problems)} problems"
         raise ConfigError(head, file=shown, problems=problems)
     return servers
+
+
+class _Object(dict):
+    """A JSON object that remembers the keys it saw more than once (plain json keeps the last silently)."""
+
+    duplicates: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, Any]]) -> "_Object":
+        obj = cls()
+        dups: list[str] = []
+        for key, value in pairs:
+            if key in obj and key not in dups:
+                dups.append(key)
+            obj[key] = value
+        obj.duplicates = tuple(dups)
+        return obj
+
+
+def _key_lines(text: str, key: str) -> list[int]:
+    """1-based lines where `"key":` appears (for naming duplicates)."""
+    needle = re.compile(r'"' + re.escape(key) + r'"\s*:')
+    return [text.count("\n", 0, m.start()) + 1 for m in needle.finditer(text)]
 
 
 def load_mcp_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, ServerConfig]:

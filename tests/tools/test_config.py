@@ -142,6 +142,17 @@ def test_duplicate_names_across_files(tmp_path):
     assert "b.json" in msg and "a.json" in msg and "mcpServers.calc: server name already defined" in msg
 
 
+def test_a_name_defined_twice_in_one_file_is_reported_with_its_lines(tmp_path):
+    """JSON parsers keep the last of two equal keys without a word: the first server would vanish."""
+    cfg = tmp_path / "twice.json"
+    entry = json.dumps({"command": "python", "args": [str(TOOLBOX)]})
+    cfg.write_text('{"mcpServers": {\n  "calc": ' + entry + ',\n  "other": ' + entry + ',\n  "calc": ' + entry
+                   + "\n}}")
+    msg = error_of(cfg)
+    assert "twice.json" in msg and "mcpServers.calc: defined more than once in this file (lines 2, 4)" in msg
+    assert "mcpServers.other" not in msg
+
+
 def test_identity_changes_with_the_launch_command(tmp_path):
     a = load_mcp_config(write(tmp_path / "a.json", {"s": {"command": "python", "args": [str(TOOLBOX)]}}))["s"]
     b = load_mcp_config(write(tmp_path / "b.json", {"s": {"command": "python", "args": [str(TOOLBOX), "--x"]}}))["s"]

@@ -121,3 +121,20 @@ def test_resume_without_a_checkpoint_starts_fresh_and_a_bad_override_starts_noth
     assert not (tmp_path / "r").exists()
     rec = yaml.safe_load((tiny_setup_master / "recipe.yaml").read_text())
     assert rec["trainer"]["total_steps"] >= 1
+
+
+def test_an_existing_run_is_never_replaced_by_accident(straight_run, tiny_setup_master):
+    before = (straight_run / "metrics.jsonl").read_bytes()
+    ckpts = sorted(p.name for p in (straight_run / "checkpoints").iterdir())
+    again = rlf("train", str(tiny_setup_master / "recipe.yaml"), "--output-dir", str(straight_run), timeout=120)
+    assert again.returncode != 0 and "Traceback" not in again.stderr
+    msg = " ".join(again.stderr.split())
+    assert "already holds a run" in msg and "--resume" in msg and "--overwrite" in msg, again.stderr
+    assert (straight_run / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in (straight_run / "checkpoints").iterdir()) == ckpts
+    from rlfactory.api import train
+    from rlfactory.errors import RLFactoryError
+    from rlfactory.recipe.schema import Recipe
+
+    with pytest.raises(RLFactoryError, match="--overwrite"):
+        train(Recipe.from_yaml(tiny_setup_master / "recipe.yaml", [f"trainer.output_dir={straight_run}"]))
