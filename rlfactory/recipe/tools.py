@@ -29,6 +29,9 @@ class ServerSettings(Section):
     """Long-lived client sessions (processes, for stdio) to spread calls over."""
     startup_timeout_s: float = Field(60.0, gt=0)
     """How long start-up (spawn + initialize + list tools) may take."""
+    max_output_bytes: int = Field(65_536, ge=256)
+    """A result longer than this many UTF-8 bytes is cut before it is cached, tokenized or shown, and says how much
+    was cut (unbounded, 1 MB of output became ~1 M tokens)."""
 
 
 class ServerSettingsPatch(Section):
@@ -49,6 +52,8 @@ class ServerSettingsPatch(Section):
     """Long-lived client sessions (processes, for stdio)."""
     startup_timeout_s: float | None = Field(None, gt=0)
     """How long start-up may take."""
+    max_output_bytes: int | None = Field(None, ge=256)
+    """The most UTF-8 bytes of a result kept."""
 
 
 class CacheConfig(Section):

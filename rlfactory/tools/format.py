@@ -241,6 +241,21 @@ def parse_tool_calls(
     return parsed
 
 
+def cap_output(result: ToolResult, max_bytes: int) -> ToolResult:
+    """`result` with its text cut to `max_bytes` UTF-8 bytes (at a character boundary) and a note of how much was
+    cut; unchanged when it fits."""
+    text = result.text
+    if len(text) * 4 <= max_bytes:  # fits whatever the characters (UTF-8 takes at most 4 bytes each)
+        return result
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return result
+    kept = data[:max_bytes].decode("utf-8", errors="ignore")
+    note = (f"\n[... output cut: {len(data) - len(kept.encode('utf-8'))} of {len(data)} bytes dropped, over this "
+            f"server's max_output_bytes ({max_bytes})]")
+    return result.model_copy(update={"text": kept + note})
+
+
 def response_text(result: ToolResult, max_chars: int | None = None) -> str:
     """The content the model sees for one result: its text, marked as an error when it is one, cut to
     `max_chars` with a note saying how much was cut."""

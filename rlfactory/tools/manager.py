@@ -34,6 +34,7 @@ from rlfactory.errors import ToolServerError
 from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, ToolCache, cache_key
 from rlfactory.tools.cache.single_flight import SingleFlight, cached_call
+from rlfactory.tools.format import cap_output
 from rlfactory.tools.mcp_client import error_result
 from rlfactory.tools.mcp_configs import ServerConfig, load_mcp_configs, load_recipe_servers
 from rlfactory.tools.server import ToolServer
@@ -239,7 +240,8 @@ class ToolManager:
         elif route.cacheable and self.cache is not None:
             result = await self._call_cached(route, call)
         else:
-            result = await route.server.call(route.spec.tool, call.arguments, call.name)
+            result = cap_output(await route.server.call(route.spec.tool, call.arguments, call.name),
+                                route.server.settings.max_output_bytes)
         result.latency_s = time.perf_counter() - t0
         result.id = call.id
         self._count(result)
@@ -256,12 +258,13 @@ class ToolManager:
         try:
             key = cache_key(route.server.name, route.spec.tool, call.arguments, route.identity)
         except TypeError:  # arguments with no stable text cannot be keyed: just run the call
-            return await route.server.call(route.spec.tool, call.arguments, call.name)
+            return cap_output(await route.server.call(route.spec.tool, call.arguments, call.name),
+                              route.server.settings.max_output_bytes)
         server, tool, args, name = route.server, route.spec.tool, call.arguments, call.name
         assert self.cache is not None
 
         async def run() -> ToolResult:
-            fresh = await server.call(tool, args, name)
+            fresh = cap_output(await server.call(tool, args, name), server.settings.max_output_bytes)
             fresh.cache_origin = self.origin
             return fresh
 

@@ -142,3 +142,18 @@ async def test_sessions_spread_calls_and_close_leaves_no_children(tmp_path):
         assert {int(p) for p in seen} == pids
     assert not any(alive(p) for p in pids)
     assert child_pids() <= before
+
+
+async def test_a_huge_output_is_cut_at_the_manager_and_says_so(tmp_path):
+    """Uncapped, 1 MB of output became ~1 M tokens in the rollout; the cap cuts it before anything reads it, at a
+    character boundary, and the model is told how much it lost."""
+    cfg = write_config(tmp_path / "c.json", {"tb": toolbox_entry(max_output_bytes=1000)})
+    async with ToolManager.from_files([cfg]) as tm:
+        big = await tm.call(ToolCall(name="echo", arguments={"text": "x", "times": 1_000_000}))
+        wide = await tm.call(ToolCall(name="echo", arguments={"text": "\u00e9", "times": 100_000}))  # 2 bytes each
+        small = await tm.call(ToolCall(name="echo", arguments={"text": "ok", "times": 3}))
+    assert not big.is_error and big.text.startswith("x" * 1000)
+    assert "output cut: 999000 of 1000000 bytes dropped, over this server's max_output_bytes (1000)" in big.text
+    assert len(big.text.encode()) < 1200
+    assert wide.text.startswith("\u00e9" * 500) and "output cut: 199000 of 200000 bytes" in wide.text
+    assert small.text == "okokok"
