@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import random
 import time
 from typing import Any
 
@@ -34,16 +32,14 @@ import torch
 
 from rlfactory.algorithms.off_policy import staleness_metrics
 from rlfactory.errors import RLFactoryError
-from rlfactory.report.metrics import MetricsLog, reward_summary
-from rlfactory.report.run_report import write_report
-from rlfactory.report.transcripts import save_transcripts
+from rlfactory.report.metrics import MetricsLog
 from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.tools.manager import combine_counters, tool_metrics
 from rlfactory.trainer.generator import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
-from rlfactory.trainer.loop import LocalTrainer, StageTimer, _step_seed
+from rlfactory.trainer.loop import LocalTrainer, StageTimer
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.weight_push import SharedWeights
 from rlfactory.trainer.wiring import open_rollout_side
@@ -166,11 +162,7 @@ class AsyncTrainer(LocalTrainer):
                     row.update(self._async_metrics(timer, prev_stats))
                     prev_stats = dict(self._gen_stats)
                     row["perf/tokens_per_s"] = sum(sum(x.loss_mask) for x in trajs) / max(timer.seconds["step"], 1e-9)
-                    if t.log.transcripts_per_step:
-                        pick = random.Random(_step_seed(t.seed, s, 2)).sample(
-                            range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
-                        save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
-                                         [trajs[i] for i in sorted(pick)])
+                    self._save_transcripts(trajs, s)
                     if t.eval_every_steps and (self.step % t.eval_every_steps == 0 or self.step == t.total_steps):
                         if eval_side is None:
                             eval_side = await stack.enter_async_context(
@@ -179,27 +171,13 @@ class AsyncTrainer(LocalTrainer):
                             last_eval = await self.evaluate(eval_side, tag=f"step_{self.step:06d}")
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
-                    row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
-                    log.write(row)
-                    bar.update(self.step, row)
-                    if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
-                        self._save()
+                    self._end_step(row, log, bar, wall0)
         finally:
             bar.close()
             log.close()
             self.launch.stop()
-        summary = {"name": r.name, "steps": self.step, "resumed_from_step": start_step,
-                   "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out),
-                   "max_staleness_steps": self.k, "dropped_trajectories": self.queue.dropped_trajectories,
-                   **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
-        if last_eval:
-            summary["eval"] = last_eval
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        try:
-            write_report(self.out, tokenizer=self.tokenizer)
-        except Exception as e:  # plots are a convenience: a failure here must not lose a finished run
-            logger.warning("could not write the report: %s", e)
-        return summary
+        return self._finish(start_step, wall0, last_eval, max_staleness_steps=self.k,
+                            dropped_trajectories=self.queue.dropped_trajectories)
 
     async def _wait_ready(self) -> None:
         proc, results = self.launch.proc, self.launch.results

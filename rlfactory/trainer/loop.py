@@ -350,26 +350,43 @@ class LocalTrainer:
                     row["perf/tokens_per_s"] = gen_tokens / max(timer.seconds["step"], 1e-9)
                     # Engine compute inside the rollout stage (the rest of it is waiting on tools).
                     row["perf/engine_busy_s"] = _engine_busy_s(side.engine) - busy0
-                    if t.log.transcripts_per_step:
-                        pick = random.Random(_step_seed(t.seed, step_idx, 2)).sample(
-                            range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
-                        save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
-                                         [trajs[i] for i in sorted(pick)])
+                    self._save_transcripts(trajs, step_idx)
                     if t.eval_every_steps and (self.step % t.eval_every_steps == 0 or self.step == t.total_steps):
                         with timer("eval"):
                             last_eval = await self.evaluate(side, tag=f"step_{self.step:06d}")
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
-                    row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
-                    log.write(row)
-                    bar.update(self.step, row)
-                    if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
-                        self._save()
+                    self._end_step(row, log, bar, wall0)
         finally:
             bar.close()
             log.close()
-        summary = {"name": r.name, "steps": self.step, "resumed_from_step": start_step,
-                   "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out),
+        return self._finish(start_step, wall0, last_eval)
+
+    # ------------------------------------------------------------------------- per step and end (both loops)
+    def _save_transcripts(self, trajs: list[Any], step_idx: int) -> None:
+        """`trainer.log.transcripts_per_step` trajectories of the step, picked by (seed, step)."""
+        t = self.recipe.trainer
+        if t.log.transcripts_per_step:
+            pick = random.Random(_step_seed(t.seed, step_idx, 2)).sample(
+                range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
+            save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
+                             [trajs[i] for i in sorted(pick)])
+
+    def _end_step(self, row: dict[str, Any], log: Any, bar: Any, wall0: float) -> None:
+        """Log the step's row and checkpoint when the recipe says so."""
+        t = self.recipe.trainer
+        row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
+        log.write(row)
+        bar.update(self.step, row)
+        if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
+            self._save()
+
+    def _finish(self, start_step: int, wall0: float, last_eval: dict[str, Any],
+                **extra: Any) -> dict[str, Any]:
+        """summary.json (with `extra` fields) and the report; returns the summary."""
+        t = self.recipe.trainer
+        summary = {"name": self.recipe.name, "steps": self.step, "resumed_from_step": start_step,
+                   "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out), **extra,
                    **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
         if last_eval:
             summary["eval"] = last_eval
