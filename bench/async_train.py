@@ -138,25 +138,20 @@ def main() -> None:
                     print(f"{w:10s} seed {seed} k={k}: wall {r['wall_s']:7.1f} s, step {r['step_s_median']} s, "
                           f"reward {r['first5']:.3f} -> {r['last5']:.3f}", flush=True)
 
-    def ratio(w: str, key: str = "wall_s") -> float | None:
+    def per_seed(w: str, of) -> list[float] | None:
+        """of(sync run, async run) for each seed of workload w (None when w was not run)."""
         if w not in results:
             return None
-        per_seed = []
-        for seed in seeds:
-            sync = next(r for r in results[w] if r["seed"] == seed and r["k"] == 0)
-            asyn = next(r for r in results[w] if r["seed"] == seed and r["k"] == args.k)
-            per_seed.append(sync[key] / asyn[key])
-        return round(statistics.fmean(per_seed), 3)
+        runs = {(r["seed"], r["k"]): r for r in results[w]}
+        return [of(runs[seed, 0], runs[seed, args.k]) for seed in seeds]
+
+    def ratio(w: str, key: str = "wall_s") -> float | None:
+        vals = per_seed(w, lambda sync, asyn: sync[key] / asyn[key])
+        return None if vals is None else round(statistics.fmean(vals), 3)
 
     def gap(w: str) -> float | None:
-        if w not in results:
-            return None
-        gaps = []
-        for seed in seeds:
-            sync = next(r for r in results[w] if r["seed"] == seed and r["k"] == 0)
-            asyn = next(r for r in results[w] if r["seed"] == seed and r["k"] == args.k)
-            gaps.append(sync["last5"] - asyn["last5"])
-        return round(statistics.fmean(gaps), 4)
+        vals = per_seed(w, lambda sync, asyn: sync["last5"] - asyn["last5"])
+        return None if vals is None else round(statistics.fmean(vals), 4)
 
     out = {
         "throughput_ratio": ratio("quickstart"),

@@ -17,7 +17,7 @@ Left out: sequence-level IS weights, batch-normalised weights.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,7 +40,6 @@ class CorrectionTotals:
     gap_sum: float = 0.0
     kl_sum: float = 0.0
     weight_sum: float = 0.0
-    extra: dict[str, list[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1.0)
