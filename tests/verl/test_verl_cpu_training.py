@@ -69,7 +69,8 @@ def rows(run: Path) -> list[dict]:
 def resumed_run(tmp_path_factory) -> Path:
     """A 4-step run (a checkpoint every step) killed with SIGKILL during step 3, then resumed to the end."""
     out = tmp_path_factory.mktemp("verl_cpu") / "run"
-    sets = ("trainer.total_steps=4", "trainer.save_every_steps=1")
+    # every trajectory in transcripts/: which few of 64 make tool calls depends on vLLM's sampling, not the seed
+    sets = ("trainer.total_steps=4", "trainer.save_every_steps=1", "trainer.log.transcripts_per_step=64")
     proc = rlf_train(out, *sets, wait=False)
     try:
         deadline = time.monotonic() + 700
@@ -103,7 +104,7 @@ def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed
     # the calculator MCP server answered: calls counted by the ToolManager and results in the transcripts
     assert sum(r["tools/calls"] for r in got) > 0 and sum(r["tools/errors"] for r in got) == 0
     answers = [c["result"] for f in (resumed_run / "transcripts").glob("*.jsonl") for line in f.read_text().splitlines()
-               for c in json.loads(line)["tool_calls"]]
+               for c in json.loads(line)["tool_calls"] if not c["is_error"]]
     assert answers and all(a.strip().lstrip("-").isdigit() for a in answers)
 
 
