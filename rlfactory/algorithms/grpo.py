@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn, kl_penalty
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.config import ActorConfig
@@ -121,19 +122,31 @@ def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> tor
     return adv  # [N, T]
 
 
+SHARE_MIN_TOKENS = 64
+"""`response_logprobs(share_prompts=True)` splits the pass in two only when that skips at least this many prompt
+tokens (a second forward call costs more than a few tokens)."""
+
+
 def response_logprobs(
     model: Any, batch: GRPOBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-    entropy_grad: bool = False,
+    entropy_grad: bool = False, share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs of the response tokens under `model` (and per-token entropy), temperature-scaled like the sampler
     (rlfactory/rollout/hf_sampling.py). Returns ([N, T], [N, T] or None). The entropy carries gradient only with
-    `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory."""
+    `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory.
+
+    `share_prompts`: rows with the same prompt (a GRPO group's samples) run the prompt through the model once; its
+    keys/values are then shared by every row's response pass (`_shared_prompt_logits`). The result is the same
+    function of the weights, gradients included, up to float summation order."""
     t_len = batch.responses.shape[1]
-    # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over the
-    # prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                use_cache=False, logits_to_keep=t_len + 1)
-    logits = out.logits[:, -(t_len + 1):-1, :].float()  # [N, T, V]
+    logits = _shared_prompt_logits(model, batch) if share_prompts else None
+    if logits is None:
+        # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over
+        # the prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    use_cache=False, logits_to_keep=t_len + 1)
+        logits = out.logits[:, -(t_len + 1):-1, :]
+    logits = logits.float()  # [N, T, V]
     if temperature > 0:
         logits = logits / temperature
     logp = logprobs_from_logits(logits, batch.responses)  # [N, T]
@@ -141,6 +154,43 @@ def response_logprobs(
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # [N, T]
     return logp, entropy
+
+
+def prompt_groups(batch: GRPOBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct prompts of `batch`: (first row holding each [G], row -> its prompt's index [N])."""
+    prompts = batch.input_ids[:, :batch.prompt_len]  # left-padded: equal prompts are equal rows
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    n = len(batch)
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=inverse.device), reduce="amin")
+    order = torch.argsort(first)  # prompts in the order of their first row
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=order.device)
+    return first[order], rank[inverse]
+
+
+def _shared_prompt_logits(model: Any, batch: GRPOBatch) -> torch.Tensor | None:
+    """Response-position logits [N, T, V] from one pass over the distinct prompts ([G, P], keeping its KV cache)
+    and one over all responses ([N, T-1], attending to the prompt keys/values gathered per row). Gathering is an
+    index_select, so the backward pass sums each prompt's gradient over the rows that share it. None when sharing
+    would skip too little, or the model cannot return a cache while training (gradient checkpointing)."""
+    p, t_len, n = batch.prompt_len, batch.responses.shape[1], len(batch)
+    if getattr(model, "is_gradient_checkpointing", False) and model.training:
+        return None
+    first, inverse = prompt_groups(batch)
+    if (n - len(first)) * p < SHARE_MIN_TOKENS:
+        return None
+    out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
+                position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
+    head = out.logits[:, -1:, :].index_select(0, inverse)  # [N, 1, V]: predicts response token 0
+    if t_len == 1:
+        return head
+    cache = DynamicCache(config=getattr(model, "config", None))
+    for i, layer in enumerate(out.past_key_values.layers):
+        cache.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), i)
+    rest = model(input_ids=batch.input_ids[:, p:p + t_len - 1], attention_mask=batch.attention_mask[:, :p + t_len - 1],
+                 position_ids=batch.position_ids[:, p:p + t_len - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([head, rest.logits], dim=1)  # [N, T, V]
 
 
 def actor_config(algorithm: AlgorithmConfig, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:

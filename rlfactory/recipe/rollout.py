@@ -50,6 +50,10 @@ HorizonConfig = Annotated[Union[FixedHorizon, ScalingInterHorizon], Field(discri
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: `hf` (transformers, CPU or one GPU) or `vllm` (needs the gpu or cpu-vllm extra)."""
+    prefix_cache: bool = True
+    """`hf` engine: run a group's shared prompt through the model once, and keep each finished turn's keys/values
+    so the conversation's next turn prefills only the tool response (the same maths up to float summation order;
+    vLLM has its own prefix caching). false = prefill every request's whole prompt."""
     samples_per_prompt: int = Field(8, ge=1)
     """Trajectories sampled per prompt (the GRPO group size)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

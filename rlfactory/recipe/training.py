@@ -152,6 +152,10 @@ class AlgorithmConfig(Section):
     """Optimizer updates per epoch over a step's trajectories (groups are split evenly)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over a step's trajectories."""
+    shared_prompt_forward: bool = True
+    """Run each distinct prompt of a micro-batch through the model once and share its keys/values with every
+    sample of the group (the same loss and gradient up to float summation order; ~1.8x faster updates on the
+    quickstart). false = one full pass per trajectory."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (0 = off; computed as a metric either way)."""
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)

@@ -14,12 +14,17 @@ viewing only and its output is never re-encoded into a trajectory.
 """
 from __future__ import annotations
 
+import json
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from rlfactory.envs.protocol import hide_episode_arg
 
 logger = logging.getLogger(__name__)
+
+PROMPT_CACHE_SIZE = 1024
+"""Rendered prompts kept per ChatFormat: a GRPO group's samples (and every epoch's repeat) share one rendering."""
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -52,6 +57,7 @@ class ChatFormat:
         self.enable_thinking = enable_thinking
         self.system_prompt = system_prompt
         self.stop_at_tool_call_end = stop_at_tool_call_end
+        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self.im_end_id = self._single_token_id(IM_END)
         self._im_end_text_len = len(IM_END)
         eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
@@ -110,8 +116,18 @@ class ChatFormat:
         return messages
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt's ids: the template's rendering of `messages` with the generation prompt appended."""
-        return self.encode(self._render(messages, add_generation_prompt=True))
+        """The prompt's ids: the template's rendering of `messages` with the generation prompt appended (rendered
+        once per distinct `messages`, then copied)."""
+        key = json.dumps(messages, sort_keys=True, default=str)
+        cache = self._prompt_cache
+        ids = cache.get(key)
+        if ids is None:
+            ids = cache[key] = self.encode(self._render(messages, add_generation_prompt=True))
+            if len(cache) > PROMPT_CACHE_SIZE:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return list(ids)
 
     def tool_response_delta(self, tool_messages: list[dict[str, Any]], *, turn_closed: bool = True) -> list[int]:
         """Ids the template places after an assistant turn, through the next generation prompt.

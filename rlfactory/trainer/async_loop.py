@@ -175,9 +175,11 @@ class AsyncTrainer(LocalTrainer):
         finally:
             bar.close()
             log.close()
-            self.launch.stop()
-        return self._finish(start_step, wall0, last_eval, max_staleness_steps=self.k,
-                            dropped_trajectories=self.queue.dropped_trajectories)
+            self.launch.stop_event.set()  # it closes its tool servers and exits while the summary is written
+        summary = self._finish(start_step, wall0, last_eval, max_staleness_steps=self.k,
+                               dropped_trajectories=self.queue.dropped_trajectories)
+        self.launch.stop()
+        return summary
 
     async def _wait_ready(self) -> None:
         proc, results = self.launch.proc, self.launch.results

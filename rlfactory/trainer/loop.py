@@ -12,8 +12,9 @@ sampling seeds and transcript picks derive from (seed, step), and a resumed run 
 The update runs forward/backward only on trajectories whose advantage is non-zero (groups where every sample got
 the same reward add exactly zero policy gradient), normalised over the whole mini-batch as verl does, so the
 gradient is the one of the full batch at a fraction of the cost; with an entropy bonus or KL every row is computed.
-Micro-batches group rows of similar length (`length_buckets`), so short trajectories do not pay for the padding of
-long ones.
+Micro-batches group rows of similar length (`micro_batches.length_buckets`), so short trajectories do not pay for
+the padding of long ones, and each distinct prompt of a micro-batch goes through the model once
+(`algorithm.shared_prompt_forward`; its keys/values are shared by the group's samples).
 
 `trainer.max_staleness_steps: k >= 1` trains asynchronously instead (`async_loop.py`, same update with an
 off-policy correction); k = 0 is this loop, unchanged.
@@ -40,6 +41,7 @@ from rlfactory.algorithms.grpo import (
     build_batch,
     compute_advantages,
     policy_loss,
+    prompt_groups,
     response_logprobs,
     set_global_batch,
 )
@@ -56,6 +58,7 @@ from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.engines.protocol import SamplingParams
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
 from rlfactory.trainer.checkpoint import is_peft, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlfactory.trainer.micro_batches import length_buckets
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.wiring import open_rollout_side
 
@@ -217,6 +220,8 @@ class LocalTrainer:
         p_len = batch.prompt_len
         lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
                            batch.attention_mask[:, p_len:].sum(-1).tolist()))  # real (prompt, response) per row
+        share = a.shared_prompt_forward
+        prompt_of = prompt_groups(batch)[1].tolist() if share else None  # row -> distinct prompt
         sums: dict[str, list[float]] = {}
         grad_norms: list[float] = []
         ent_sum = ent_tokens = 0.0
@@ -232,11 +237,11 @@ class LocalTrainer:
                         # their forward/backward. The normalisation above still counts them, so the gradient is
                         # the same as computing every row; pg metrics then cover the rows with signal.
                         rows = [i for i in rows if has_signal[i]]
-                    for micro in length_buckets(rows, lengths, a.micro_batch_size):
+                    for micro in length_buckets(rows, lengths, a.micro_batch_size, prompt_of):
                         mb = batch.select(micro).compact().to(self.device)
                         adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
                         logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                      entropy_grad=a.entropy_coef != 0)
+                                                      entropy_grad=a.entropy_coef != 0, share_prompts=share)
                         ref = self._ref_logprobs(mb, temperature)
                         old, w = mb.old_log_probs, None
                         if correction is not None:
@@ -297,18 +302,20 @@ class LocalTrainer:
             for u0 in range(0, len(batch), a.micro_batch_size):
                 rows = list(range(u0, min(u0 + a.micro_batch_size, len(batch))))
                 mb = batch.select(rows).compact().to(self.device)
-                logp, _ = response_logprobs(self.model, mb, temperature=temperature)
+                logp, _ = response_logprobs(self.model, mb, temperature=temperature,
+                                            share_prompts=a.shared_prompt_forward)
                 out[rows, :logp.shape[1]] = logp.float().cpu()
         return out
 
     def _ref_logprobs(self, mb: Any, temperature: float) -> Any:
         if self.ref_model is None:
             return None
+        share = self.recipe.algorithm.shared_prompt_forward
         with torch.no_grad():
             if self.ref_model == "adapter-disabled":
                 with self.model.disable_adapter():
-                    return response_logprobs(self.model, mb, temperature=temperature)[0]
-            return response_logprobs(self.ref_model, mb, temperature=temperature)[0]
+                    return response_logprobs(self.model, mb, temperature=temperature, share_prompts=share)[0]
+            return response_logprobs(self.ref_model, mb, temperature=temperature, share_prompts=share)[0]
 
     # ------------------------------------------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
@@ -413,37 +420,6 @@ class LocalTrainer:
         save_transcripts(self.out / "eval" / f"{tag}.jsonl", trajs)
         (self.out / "eval" / f"{tag}.json").write_text(json.dumps(res, indent=1))
         return res
-
-
-MICRO_BATCH_OVERHEAD_TOKENS = 256
-"""What one more micro-batch costs, in padded tokens of forward/backward (measured on CPU for the quickstart's model:
-~10-20 ms of fixed cost against ~70 us a token)."""
-
-
-def length_buckets(rows: list[int], lengths: list[tuple[int, int]], max_rows: int) -> list[list[int]]:
-    """Split `rows` into micro-batches of at most `max_rows` rows with the least padded compute: rows sorted by
-    length, cut where sum(rows x (longest prompt + longest response)) + overhead per micro-batch is smallest
-    (exact, by dynamic programming over the sorted rows). The gradient does not depend on the split (losses are
-    normalised by the whole mini-batch); only how much padding is computed does."""
-    if not rows:
-        return []
-    order = sorted(rows, key=lambda i: (lengths[i][0] + lengths[i][1], i))
-    n = len(order)
-    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j sorted rows
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        max_p = max_t = 0
-        for i in range(j - 1, max(j - max_rows, 0) - 1, -1):  # the last micro-batch is order[i:j]
-            max_p = max(max_p, lengths[order[i]][0])
-            max_t = max(max_t, lengths[order[i]][1])
-            cost = best[i] + (j - i) * (max_p + max_t) + MICRO_BATCH_OVERHEAD_TOKENS
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    out, j = [], n
-    while j > 0:
-        out.append(sorted(order[cut[j]:j]))
-        j = cut[j]
-    return out[::-1]
 
 
 def train_local(recipe: Recipe, *, resume: bool = False, progress: bool = False) -> dict[str, Any]:

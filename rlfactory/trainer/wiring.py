@@ -79,7 +79,8 @@ async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: 
         cache, tools, rewards, chat = await start_tool_side(recipe, tokenizer, run_dir)
         engine = HFEngine(model, pad_token_id=pad_id_of(tokenizer), eos_token_ids=chat.stop_token_ids,
                           max_batch_size=max(1, min(recipe.rollout.max_concurrent_trajectories, 256)),
-                          device=device, tokenizer=tokenizer, weight_source=weight_source)
+                          device=device, tokenizer=tokenizer, weight_source=weight_source,
+                          prefix_cache=recipe.rollout.prefix_cache)
         loop = AgentLoop(engine, tools, chat, recipe.rollout)
         yield RolloutSide(tokenizer, chat, engine, tools, loop, rewards, cache)
     finally:

@@ -170,3 +170,64 @@ def test_compacted_micro_batches_give_the_same_logprobs(tiny):
             m = batch.response_mask[row, :t].bool()
             assert torch.allclose(part[0][m], full[row, :t][m], atol=1e-4)
             assert batch.response_mask[row, t:].sum() == 0  # nothing trained was cut
+
+
+def _grouped(trajs: list[Trajectory], samples: int) -> list[Trajectory]:
+    """Groups of `samples` rows sharing each trajectory's prompt, with responses of every length in the set."""
+    out = []
+    for g, base in enumerate(trajs):
+        for k in range(samples):
+            donor = trajs[(g + k) % len(trajs)]
+            out.append(donor.model_copy(update={"id": f"g{g}/{k}", "group_id": f"g{g}", "prompt_ids": base.prompt_ids,
+                                                "reward": float(k % 2)}))
+    return out
+
+
+def test_shared_prompt_forward_gives_the_logprobs_and_gradient_of_full_passes(tiny):
+    model, tok = tiny
+    trajs = _grouped(_generated_trajectories(model, tok, 1.0), samples=4)
+    batch = build_batch(trajs, pad_id=tok.pad_token_id or 0)
+    mask = batch.response_mask.bool()
+
+    def run(share: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        model.train()
+        try:
+            logp, ent = response_logprobs(model, batch, with_entropy=True, share_prompts=share)
+            ((logp * batch.response_mask).sum() + (ent * batch.response_mask).sum()).backward()
+        finally:
+            model.eval()
+        return logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+    (lp_full, ent_full, g_full), (lp_shared, ent_shared, g_shared) = run(False), run(True)
+    model.zero_grad(set_to_none=True)
+    assert torch.allclose(lp_full[mask], lp_shared[mask], atol=1e-5)
+    assert torch.allclose(ent_full[mask], ent_shared[mask], atol=1e-5)
+    for a, b in zip(g_full, g_shared):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert sum(float(g.abs().sum()) for g in g_full) > 0
+
+
+def test_shared_prompt_forward_runs_each_distinct_prompt_once(tiny, monkeypatch):
+    from rlfactory.algorithms.grpo import prompt_groups
+
+    model, tok = tiny
+    trajs = _grouped(_generated_trajectories(model, tok, 1.0), samples=4)
+    batch = build_batch(trajs, pad_id=tok.pad_token_id or 0)
+    first, inverse = prompt_groups(batch)
+    assert first.tolist() == [0, 4] and inverse.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    rows_seen: list[tuple[int, int]] = []
+    real_forward = type(model).forward
+
+    def counting(self, *args, **kwargs):
+        rows_seen.append(tuple(kwargs["input_ids"].shape))
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counting)
+    with torch.no_grad():
+        response_logprobs(model, batch, share_prompts=True)
+    assert rows_seen == [(2, batch.prompt_len), (8, batch.responses.shape[1] - 1)]
+    rows_seen.clear()
+    with torch.no_grad():  # distinct prompts only: nothing to share, one ordinary pass
+        response_logprobs(model, batch.select([0, 4]), share_prompts=True)
+    assert rows_seen == [(2, batch.input_ids.shape[1])]

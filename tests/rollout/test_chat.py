@@ -108,3 +108,17 @@ def test_non_chat_tokenizer_is_refused():
 
     with pytest.raises(ValueError, match="special token"):
         ChatFormat(_NoSpecials())
+
+
+def test_prompt_ids_are_rendered_once_and_handed_out_as_copies(qwen_tokenizer, monkeypatch):
+    chat = ChatFormat(qwen_tokenizer, system_prompt="Be brief.")
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    first = chat.prompt_ids(messages)
+    renders = []
+    monkeypatch.setattr(chat, "_render", lambda *a, **k: renders.append(1) or "unused")
+    again = chat.prompt_ids([dict(m) for m in messages])
+    assert again == first and renders == []  # the cached rendering
+    again.append(-1)
+    assert chat.prompt_ids(messages) == first  # a copy: the caller's change stays the caller's
+    chat.prompt_ids([{"role": "user", "content": "What is 3 + 3?"}])
+    assert renders == [1]

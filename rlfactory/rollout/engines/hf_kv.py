@@ -5,6 +5,10 @@ all rows. New rows are prefilled on their own and merged in by left-padding whic
 rows are dropped and all-padding columns on the left trimmed. Padded columns carry attention-mask 0 and zero
 keys/values, so they never contribute. RoPE positions are tracked per row (count of real tokens), not per column.
 
+A row may also start from keys/values computed earlier (a parked conversation, `hf_prefix.py`): `prefill_inputs`
+lays such rows out as [past block | new tokens], each right-aligned in its block, so the mask has a gap between
+the two; positions stay per row, so the gap changes nothing. `row_kv` copies a leaving row's real columns out.
+
 Each layer's keys/values are a window `[start, end)` of buffers with spare columns (`GrowingLayer`): a decode step
 writes its column in place, and a buffer is replaced by one half again larger (in `GROW_COLUMNS` chunks) only when
 full. transformers' `DynamicLayer` instead concatenates a new, one-column-longer tensor every step, a fresh
@@ -124,6 +128,47 @@ class BatchKV:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, P]
         return ids.to(device), mask.to(device), positions.to(device)
 
+    def prefill_inputs(self, suffixes: list[list[int]], pasts: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """Prefill inputs for rows that continue cached keys/values: `pasts[i]` holds, per layer, row i's keys and
+        values ([H_kv, L_i, D]) and `suffixes[i]` its new tokens. Returns ids and positions [n, S], the mask
+        [n, L + S] (L, S the longest past and suffix) and a cache holding the past block."""
+        n = len(suffixes)
+        past_lens = [int(p[0][0].shape[-2]) for p in pasts]
+        width_l, width_s = max(past_lens), max(len(x) for x in suffixes)
+        ids = torch.full((n, width_s), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width_l + width_s), dtype=torch.long)
+        positions = torch.zeros((n, width_s), dtype=torch.long)
+        for i, (suffix, past_len) in enumerate(zip(suffixes, past_lens)):
+            ids[i, width_s - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
+            mask[i, width_l - past_len:width_l] = 1
+            mask[i, width_l + width_s - len(suffix):] = 1
+            positions[i, width_s - len(suffix):] = torch.arange(past_len, past_len + len(suffix))
+        cap = _capacity(width_l + width_s + 1, 0)
+        layers = []
+        for li in range(len(pasts[0])):
+            k0 = pasts[0][li][0]
+            k_buf = k0.new_zeros((n, k0.shape[0], cap, k0.shape[-1]))
+            v_buf = torch.zeros_like(k_buf)
+            for i, past in enumerate(pasts):
+                k_buf[i, :, width_l - past_lens[i]:width_l].copy_(past[li][0])
+                v_buf[i, :, width_l - past_lens[i]:width_l].copy_(past[li][1])
+            layers.append(GrowingLayer.holding(k_buf, v_buf, 0, width_l))
+        return ids.to(device), mask.to(device), positions.to(device), _new_cache(layers)
+
+    @staticmethod
+    def expand(cache: Any, index: torch.Tensor) -> Any:
+        """A prefill cache whose row i is row `index[i]` of `cache` (rows that share a prompt)."""
+        return _new_cache([GrowingLayer.holding(layer.k_buf.index_select(0, index),
+                                                layer.v_buf.index_select(0, index), layer.start, layer.end)
+                           for layer in cache.layers])
+
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row `row`'s cached keys/values, per layer ([H_kv, L, D] copies of its real columns, in order)."""
+        cols = self.mask[row].nonzero().squeeze(-1)
+        return [(layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols))
+                for layer in self.cache.layers]
+
     def merge(self, cache: Any, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
         """Add freshly prefilled rows (their cache, mask [n, P], next positions [n]) to the batch."""
         if self.cache is None:
@@ -151,10 +196,11 @@ class BatchKV:
         self._step_mask = torch.cat([self.mask, ones], dim=1)
         return self._step_mask, self.next_pos[:, None]
 
-    def advance(self) -> None:
-        """The step's tokens are now cached."""
+    def advance(self, alive: torch.Tensor | None = None) -> None:
+        """The step's tokens are now cached. `alive` [B] (1/0): rows whose position moves on (finished rows still in
+        the batch stay at theirs); None = all."""
         self.mask, self._step_mask = self._step_mask, None
-        self.next_pos = self.next_pos + 1
+        self.next_pos = self.next_pos + (1 if alive is None else alive)
 
     def select(self, keep: list[int]) -> None:
         """Keep only rows `keep` (in order); trim columns that are padding in every remaining row."""
