@@ -110,6 +110,14 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
     return GRPOBatch(input_ids, attn, position_ids, input_ids[:, p:].clone(), mask, old, rewards, index, p)
 
 
+def exclude_infra_failures(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """Trajectories hit by an infrastructure failure (`Trajectory.infra_failed`: a tool server lost or down under a
+    call, a rollout that raised) say nothing about the policy: each becomes a group of its own with no trained
+    token, so it adds no gradient and the other samples' advantages are those of the samples that really ran."""
+    return [t.model_copy(update={"loss_mask": [0] * len(t.loss_mask), "group_id": f"{t.group_id}#infra{i}"})
+            if t.infra_failed else t for i, t in enumerate(trajectories)]
+
+
 def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> torch.Tensor:
     """Group-relative advantages, verl's `compute_grpo_outcome_advantage`: (R - mean_g) / (std_g + eps) per group,
     broadcast over the response and zeroed off the loss mask. Returns [N, T]."""

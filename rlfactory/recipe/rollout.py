@@ -68,6 +68,9 @@ class RolloutConfig(Section):
     """Prompt + response never exceed this (set it to the model's maximum or below)."""
     tool_response_max_tokens: int = Field(512, ge=1)
     """Each tool response is truncated to this many tokens."""
+    tool_error_max_tokens: int = Field(64, ge=1)
+    """An error's text (a failed call, a bad argument, a server being restarted) keeps at least this many tokens,
+    whatever `tool_response_max_tokens` is, so the model can read what went wrong."""
     tool_response_truncation: Literal["left", "right", "middle"] = "right"
     """Which part of an over-long tool response is cut: `right` keeps the start, `left` keeps the end, `middle` both."""
     enable_thinking: bool = False

@@ -113,9 +113,13 @@ class AgentLoop:
                                is_error=True, error_kind="unknown_tool") for c in calls]
         return await self.tools.call_many(calls)
 
-    def _truncate(self, text: str) -> str:
-        cut, _ = truncate_tokens(text, self.cfg.tool_response_max_tokens, self.cfg.tool_response_truncation,
-                                 self.chat.encode, self.chat.decode)
+    def _truncate(self, text: str, *, error: bool = False) -> str:
+        """Cut a tool response to its token budget; an error's text has its own (`tool_error_max_tokens`), so the
+        model can read what went wrong even when tool responses are kept short."""
+        budget = self.cfg.tool_response_max_tokens
+        if error:
+            budget = max(budget, self.cfg.tool_error_max_tokens)
+        cut, _ = truncate_tokens(text, budget, self.cfg.tool_response_truncation, self.chat.encode, self.chat.decode)
         return cut
 
     # ---- one trajectory -------------------------------------------------------------------------------------
@@ -219,13 +223,14 @@ class AgentLoop:
             tool_msgs = []
             call_iter = iter(calls)
             for slot, result in zip(parsed.slots, results):
-                seen = self._truncate(response_text(result))
+                seen = self._truncate(response_text(result), error=result.is_error)
                 tool_msgs.append({"role": "tool", "name": result.name, "content": seen})
                 args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
                 traj.tool_calls.append(ToolCallRecord(
                     turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
                     error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached,
-                    cache_origin=result.cache_origin if result.cached else None, structured=result.structured))
+                    cache_origin=result.cache_origin if result.cached else None, structured=result.structured,
+                    infra=result.infra, retried=result.retried))
             delta = chat.tool_response_delta(tool_msgs, turn_closed=closed)
             used = len(traj.prompt_ids) + len(traj.response_ids)
             if env.ended(results):
@@ -303,6 +308,7 @@ def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dic
         "rollout/tool_calls": sum(calls),
         "rollout/tool_call_errors": sum(c.is_error for t in trajs for c in t.tool_calls),
         "rollout/errors": reasons.get("error", 0),
+        "rollout/infra_failed": sum(t.infra_failed for t in trajs),
         "rollout/generate_s_mean": mean([t.timings.get("generate_s", 0.0) for t in trajs]),
         "rollout/tools_s_mean": mean([t.timings.get("tools_s", 0.0) for t in trajs]),
     }

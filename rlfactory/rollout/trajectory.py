@@ -46,6 +46,10 @@ class ToolCallRecord(BaseModel):
     """For a cache hit: which ToolManager stored the result (see `ToolResult.cache_origin`)."""
     structured: dict[str, Any] | None = None
     """The tool result's structured content, if any (environment servers put `reward`, `score`, `done` here)."""
+    infra: bool = False
+    """It failed for infrastructure reasons (`ToolResult.infra`): the trajectory is kept out of the loss."""
+    retried: bool = False
+    """It was run again after its server came back (idempotent tools)."""
 
 
 class Trajectory(BaseModel):
@@ -86,6 +90,12 @@ class Trajectory(BaseModel):
     """Optional per-assistant-turn rewards (process rewards), placed on each turn's last token."""
     timings: dict[str, float] = Field(default_factory=dict)
     """Seconds spent: generate_s, tools_s, total_s."""
+
+    @property
+    def infra_failed(self) -> bool:
+        """Hit by an infrastructure failure (a tool call that failed for one, or a rollout that raised): no training
+        signal, so the trainer keeps it out of the loss and of its group's statistics."""
+        return self.finish_reason == "error" or any(c.infra for c in self.tool_calls)
 
     @property
     def num_turns(self) -> int:

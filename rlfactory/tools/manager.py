@@ -240,7 +240,8 @@ class ToolManager:
         elif route.cacheable and self.cache is not None:
             result = await self._call_cached(route, call)
         else:
-            result = cap_output(await route.server.call(route.spec.tool, call.arguments, call.name),
+            result = cap_output(await route.server.call(route.spec.tool, call.arguments, call.name,
+                                                        idempotent=route.spec.idempotent),
                                 route.server.settings.max_output_bytes)
         result.latency_s = time.perf_counter() - t0
         result.id = call.id
@@ -258,13 +259,16 @@ class ToolManager:
         try:
             key = cache_key(route.server.name, route.spec.tool, call.arguments, route.identity)
         except TypeError:  # arguments with no stable text cannot be keyed: just run the call
-            return cap_output(await route.server.call(route.spec.tool, call.arguments, call.name),
+            return cap_output(await route.server.call(route.spec.tool, call.arguments, call.name,
+                                                      idempotent=route.spec.idempotent),
                               route.server.settings.max_output_bytes)
         server, tool, args, name = route.server, route.spec.tool, call.arguments, call.name
+        idempotent = route.spec.idempotent
         assert self.cache is not None
 
         async def run() -> ToolResult:
-            fresh = cap_output(await server.call(tool, args, name), server.settings.max_output_bytes)
+            fresh = cap_output(await server.call(tool, args, name, idempotent=idempotent),
+                               server.settings.max_output_bytes)
             fresh.cache_origin = self.origin
             return fresh
 
@@ -302,6 +306,7 @@ class ToolManager:
         `tool_metrics`."""
         c = self._counts
         return {"calls": c["calls"], "errors": c["errors"], "hits": c["hits"], "latency_sum_s": c["latency_sum_s"],
+                "infra_errors": c["infra_errors"], "retried": c["retried"],
                 "restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
                 "error_kinds": dict(c["error_kinds"]),
                 "per_server": {name: list(v) for name, v in c["per_server"].items()}}
@@ -314,8 +319,8 @@ class ToolManager:
 
 def empty_counters() -> dict[str, Any]:
     """Zeroed counters in the shape of `ToolManager.counters()`."""
-    return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "restarts": 0, "error_kinds": Counter(),
-            "per_server": {}}
+    return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "infra_errors": 0, "retried": 0, "restarts": 0,
+            "error_kinds": Counter(), "per_server": {}}
 
 
 def count_result(c: dict[str, Any], result: ToolResult) -> None:
@@ -324,6 +329,10 @@ def count_result(c: dict[str, Any], result: ToolResult) -> None:
     c["latency_sum_s"] += result.latency_s
     if result.cached:
         c["hits"] += 1
+    if result.retried:
+        c["retried"] += 1
+    if result.infra:
+        c["infra_errors"] += 1
     per = c["per_server"].setdefault(result.server or "_unknown", [0, 0])
     per[0] += 1
     if result.is_error:
@@ -341,6 +350,8 @@ def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
         "tools/cache_hit_rate": c["hits"] / calls if calls else 0.0,
         "tools/latency_mean_s": c["latency_sum_s"] / calls if calls else 0.0,
         "tools/restarts": c["restarts"],
+        "tools/infra_errors": c.get("infra_errors", 0),
+        "tools/retried": c.get("retried", 0),
     }
     for kind, n in sorted(c["error_kinds"].items()):
         out[f"tools/errors_{kind}"] = n
@@ -355,8 +366,8 @@ def combine_counters(items: list[dict[str, Any]], *, minus: list[dict[str, Any]]
     total = empty_counters()
     for sign, group in ((1, items), (-1, minus or [])):
         for c in group:
-            for key in ("calls", "errors", "hits", "latency_sum_s", "restarts"):
-                total[key] += sign * c[key]
+            for key in ("calls", "errors", "hits", "latency_sum_s", "infra_errors", "retried", "restarts"):
+                total[key] += sign * c.get(key, 0)
             for kind, n in c["error_kinds"].items():
                 total["error_kinds"][kind] += sign * n
             for server, (n, errors) in c["per_server"].items():

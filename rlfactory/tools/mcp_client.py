@@ -90,8 +90,8 @@ def to_tool_result(result: Any, name: str, server: str) -> ToolResult:
                       server=server, structured=result.structured_content)
 
 
-def error_result(name: str, server: str | None, kind: str, text: str) -> ToolResult:
-    return ToolResult(name=name, text=text, is_error=True, error_kind=kind, server=server)
+def error_result(name: str, server: str | None, kind: str, text: str, *, infra: bool = False) -> ToolResult:
+    return ToolResult(name=name, text=text, is_error=True, error_kind=kind, server=server, infra=infra)
 
 
 class MCPConnection:

@@ -47,6 +47,12 @@ class ToolResult(BaseModel):
     is_error: bool = False
     error_kind: str | None = None
     """None on success; else one of: parse, unknown_tool, bad_arguments, timeout, server_error, tool_error."""
+    infra: bool = False
+    """The failure came from the infrastructure (the server was lost under the call, is down, or did not come back
+    from a restart in time), not from the tool on these arguments: the trainer keeps such trajectories out of the
+    loss. A call that times out is the tool's own behaviour (feedback), not an infrastructure failure."""
+    retried: bool = False
+    """The call was run again after its server was restarted (idempotent tools only)."""
     latency_s: float = 0.0
     cached: bool = False
     server: str | None = None

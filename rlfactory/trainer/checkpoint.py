@@ -6,12 +6,18 @@ then is `checkpoints/latest` switched (also by rename). A run killed with SIGKIL
 previous checkpoint or the new one, never a half-written one. `--resume` loads `latest`, truncates metrics.jsonl to
 the checkpoint's step and continues; with the same seed the following steps repeat what an unbroken run would do.
 
+Each checkpoint lists its files with their sizes and SHA-256 digests in `manifest.json`, written before the rename.
+A checkpoint damaged afterwards (a truncated file, a disk that filled up, a partial copy) is found on `--resume`:
+it is skipped with a warning that names the file, and the run resumes from the newest checkpoint that is whole
+(`latest_checkpoint`). Files over `HASH_MAX_BYTES` are checked by size only (hashing gigabytes costs seconds).
+
 A full-model checkpoint's `model/` folder is a Hugging Face model folder (config, safetensors, tokenizer), so
 `rlfactory eval --checkpoint <run>/checkpoints/step_N` works on it directly. Left out: sharded/distributed
 checkpoints (the verl engine uses verl's own).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +35,9 @@ from rlfactory.errors import RLFactoryError
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+HASH_MAX_BYTES = 256 << 20
+"""Files up to this size get a SHA-256 digest in the manifest; larger ones a size."""
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:
@@ -48,6 +57,49 @@ def set_rng_state(st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_manifest(root: Path) -> None:
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            size = p.stat().st_size
+            files[p.relative_to(root).as_posix()] = {"bytes": size,
+                                                     "sha256": _sha256(p) if size <= HASH_MAX_BYTES else None}
+    (root / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint `path` cannot be resumed from (a missing, truncated or altered file), or None when it is whole.
+    A checkpoint written before manifests existed is judged by its state file alone."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        return f"no {STATE_FILE} (an unfinished save)"
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST_FILE} is unreadable ({e})"
+    for rel, want in files.items():
+        p = path / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != want["bytes"]:
+            return f"{rel} is {size:,} bytes, {want['bytes']:,} when saved"
+        if want.get("sha256") and _sha256(p) != want["sha256"]:
+            return f"{rel} changed since it was saved (SHA-256 differs)"
+    return None
 
 
 def _fsync_tree(root: Path) -> None:
@@ -82,6 +134,7 @@ def save_checkpoint(
                 "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1))
+    _write_manifest(tmp)
     _fsync_tree(tmp)
     if final.exists():  # a re-save of the same step (e.g. the final save after a periodic one)
         shutil.rmtree(final)
@@ -104,15 +157,29 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The checkpoint `latest` points at (or the newest complete one when the pointer is missing)."""
+    """The newest whole checkpoint: the one `latest` points at, else the newest step folder that passes
+    `checkpoint_problem`. Damaged ones are skipped with a warning naming what is wrong; when checkpoints exist but
+    none is whole, RLFactoryError says so. None when there is no checkpoint at all."""
     root = checkpoints_dir(output_dir)
     pointer = root / "latest"
+    order = sorted(root.glob("step_*"), reverse=True)
     if pointer.is_file():
-        cand = root / pointer.read_text().strip()
-        if (cand / STATE_FILE).is_file():
+        named = root / pointer.read_text().strip()
+        order = [named] + [p for p in order if p != named]
+    skipped: list[str] = []
+    for cand in order:
+        if not cand.is_dir():
+            continue
+        problem = checkpoint_problem(cand)
+        if problem is None:
+            if skipped:
+                logger.warning("resuming from %s: %s", cand.name, "; ".join(skipped))
             return cand
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
-    return done[-1] if done else None
+        skipped.append(f"{cand.name} is damaged ({problem}) and was skipped")
+    if skipped:
+        raise RLFactoryError(f"{root}: no whole checkpoint to resume from: {'; '.join(skipped)}. Start the run "
+                             f"again without --resume (add --overwrite to replace this run folder)")
+    return None
 
 
 def is_peft(model: Any) -> bool:
@@ -127,25 +194,38 @@ def load_checkpoint(path: str | Path, *, model: Any, optimizer: Any, scheduler: 
     if is_peft(model):
         from peft import set_peft_model_state_dict  # only for LoRA checkpoints: importing peft costs seconds
 
-        set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        set_peft_model_state_dict(model, _read(path / "adapter" / "adapter_model.safetensors"))
     else:
         sd: dict[str, torch.Tensor] = {}
         for f in sorted((path / "model").glob("*.safetensors")):
-            sd.update(load_file(str(f)))
+            sd.update(_read(f))
         missing, unexpected = model.load_state_dict(sd, strict=False)
         tied = set(getattr(model, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
         bad = [k for k in missing if k not in tied]
         if bad or unexpected:
             raise RLFactoryError(f"{path}: checkpoint does not match the model (missing {bad[:5]}, unexpected "
                                  f"{list(unexpected)[:5]}); resume with the same model.path")
-    opt = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+    opt = _read(path / "optimizer.pt")
     optimizer.load_state_dict(opt["optimizer"])
     if scheduler is not None and opt.get("scheduler") is not None:
         scheduler.load_state_dict(opt["scheduler"])
-    set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+    set_rng_state(_read(path / "rng.pt"))
     state = json.loads((path / STATE_FILE).read_text())
     logger.info("resumed from %s (step %s)", path, state.get("step"))
     return state
+
+
+def _read(f: Path) -> Any:
+    """A checkpoint file's contents; a file that cannot be read is named in the error, with no torch traceback."""
+    try:
+        if f.suffix == ".safetensors":
+            return load_file(str(f))
+        return torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - torch and safetensors raise many kinds for a damaged file
+        ckpt = f.parent.parent if f.parent.name in ("model", "adapter") else f.parent
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise RLFactoryError(f"{f}: cannot be read ({type(e).__name__}: {first}); the checkpoint is damaged: "
+                             f"delete {ckpt} to resume from the one before it") from None
 
 
 def model_dir_of(checkpoint: str | Path) -> Path:

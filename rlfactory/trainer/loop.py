@@ -40,6 +40,7 @@ from rlfactory.algorithms.grpo import (
     actor_config,
     build_batch,
     compute_advantages,
+    exclude_infra_failures,
     policy_loss,
     prompt_groups,
     response_logprobs,
@@ -197,10 +198,10 @@ class LocalTrainer:
         (algorithms/off_policy.py); None = the PPO ratio against the behaviour logprobs, as a synchronous step."""
         r = self.recipe
         a = r.algorithm
-        # A failed rollout is data, not a training signal: keep it in its group's statistics but train none of it.
-        trajs = [t.model_copy(update={"loss_mask": [0] * len(t.loss_mask)}) if t.finish_reason == "error" else t
-                 for t in trajs]
+        hit = [t.infra_failed for t in trajs]
+        trajs = exclude_infra_failures(trajs)  # out of the loss and of their groups' statistics
         batch = build_batch(trajs, pad_id_of(self.tokenizer))  # [N, ...] on CPU
+        trained_on_infra = sum(1 for i, h in enumerate(hit) if h and float(batch.response_mask[i].sum()) > 0)
         if correction is not None and correction.is_cap is None and correction.mask_outside is None:
             correction = None
         totals = CorrectionTotals()
@@ -289,6 +290,7 @@ class LocalTrainer:
             groups.setdefault(t.group_id, []).append(t.reward or 0.0)
         out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
         out["rollout/trained_tokens"] = float(mask.sum())
+        out["rollout/trained_on_infra_failures"] = float(trained_on_infra)
         out["rollout/rows_with_signal"] = float(sum(has_signal))
         if correction is not None:
             out.update(totals.metrics())

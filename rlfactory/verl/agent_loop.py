@@ -250,6 +250,10 @@ class RLFactoryAgentLoop(AgentLoopBase):
             prompt_ids = prompt_ids[-prompt_len:]
             mask = [0] * len(mask)
             traj.error = traj.error or f"prompt of {len(traj.prompt_ids)} tokens cut to {prompt_len}"
+        if traj.infra_failed:
+            # a tool server lost or down under one of its calls (or a rollout that raised): no signal about the
+            # policy, so none of it is trained (verl still counts its reward in the group's statistics)
+            mask = [0] * len(mask)
         logprobs = None
         if sampling_params.get("logprobs"):
             logprobs = [float(x) for x in traj.logprobs[:response_len]]
@@ -258,6 +262,7 @@ class RLFactoryAgentLoop(AgentLoopBase):
         extra_fields: dict[str, Any] = {
             "rlf_finish_reason": traj.finish_reason, "rlf_horizon": horizon, "rlf_tool_calls": len(traj.tool_calls),
             "rlf_tool_errors": sum(c.is_error for c in traj.tool_calls), "rlf_error": traj.error or "",
+            "rlf_infra_failed": int(traj.infra_failed),
             "rlf_trajectory_id": traj.id,
             # the policy versions that produced the trajectory, for verl's staleness accounting
             "min_global_steps": versions[0], "max_global_steps": versions[1],

@@ -231,3 +231,21 @@ def test_shared_prompt_forward_runs_each_distinct_prompt_once(tiny, monkeypatch)
     with torch.no_grad():  # distinct prompts only: nothing to share, one ordinary pass
         response_logprobs(model, batch.select([0, 4]), share_prompts=True)
     assert rows_seen == [(2, batch.input_ids.shape[1])]
+
+
+def test_infra_failures_leave_the_loss_and_their_groups_statistics():
+    from rlfactory.algorithms.grpo import exclude_infra_failures
+    from rlfactory.rollout.trajectory import ToolCallRecord
+
+    group = [_traj("a", k, r, [1, 2], [4, 5, 6], [1, 0, 1]) for k, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    group[3] = group[3].model_copy(update={"tool_calls": [ToolCallRecord(
+        turn=0, name="calc", result="Error: tool server 'calc' stopped", is_error=True, error_kind="server_error",
+        infra=True)]})
+    crashed = group[2].model_copy(update={"finish_reason": "error", "id": "a/2"})
+    cleaned = exclude_infra_failures([group[0], group[1], crashed, group[3]])
+    assert [t.infra_failed for t in [group[0], group[1], crashed, group[3]]] == [False, False, True, True]
+    batch = build_batch(cleaned, pad_id=0)
+    adv = compute_advantages(batch)
+    assert batch.response_mask[2:].sum() == 0 and adv[2:].abs().sum() == 0  # not trained, no signal
+    alone = compute_advantages(build_batch([group[0], group[1]], pad_id=0))  # the samples that really ran
+    assert torch.allclose(adv[:2], alone)

@@ -216,3 +216,25 @@ async def test_sampling_is_reproducible_per_seed(tok):
     assert [t.response_ids for t in a] != [t.response_ids for t in c]
     assert len({tuple(t.response_ids) for t in a}) > 1  # samples of one group differ
     assert mix_seed(1, 2) != mix_seed(2, 1) and 0 <= mix_seed(5) < 2**63
+
+
+async def test_error_text_keeps_its_own_budget(tok, tmp_path, repo_root):
+    bad = '<tool_call>{"name": "calculator","arguments":{"expr":"6*7"}}</tool_call><|im_end|>'
+    async with ToolManager.from_files([_calculator_config(tmp_path, repo_root)]) as tools:
+        chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
+        engine = _engine(tok, chat, [(bad, 1.0)])
+        task = {"prompt": "What is 6*7?", "id": 1}
+        try:
+            # tool responses cut to 4 tokens, but the error is read whole (64 tokens by default)
+            t = await AgentLoop(engine, tools, chat, _cfg(tool_response_max_tokens=4)).run_one(task, horizon=2)
+            short = await AgentLoop(engine, tools, chat, _cfg(tool_response_max_tokens=4, tool_error_max_tokens=4)
+                                    ).run_one(task, horizon=2)
+        finally:
+            await engine.close()
+    err = t.tool_calls[0]
+    assert err.is_error and err.error_kind == "bad_arguments" and not err.infra
+    assert "missing required argument(s) 'expression'" in err.result and "truncated" not in err.result
+    assert 4 < len(tok.encode(err.result, add_special_tokens=False)) <= 64
+    cut = short.tool_calls[0].result  # an error budget of 4 tokens cuts it, as before
+    assert len(tok.encode(cut, add_special_tokens=False)) <= 4 and "expression" not in cut
+    assert not t.infra_failed  # the model's own mistake is feedback, not an infrastructure failure

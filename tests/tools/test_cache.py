@@ -201,6 +201,31 @@ async def test_embedded_cache_roundtrip_shared_url_and_persistence(tmp_path):
         await again.close()
 
 
+async def test_a_killed_embedded_redis_is_started_again_on_the_same_socket(tmp_path, caplog):
+    import os
+    import signal
+
+    cache = EmbeddedCache(tmp_path / "tools.rdb", retry_interval_s=0.0)
+    key = cache_key("calc", "calc", {"x": 1})
+    try:
+        await cache.set(key, ok("kept"), ttl_s=None)
+        url, first = cache.url, cache._server.pid
+        cache._server.save()  # what it holds survives the kill through the database file
+        os.kill(first, signal.SIGKILL)
+        await asyncio.to_thread(lambda: psutil.Process(first).wait(10) if psutil.pid_exists(first) else None)
+        with caplog.at_level(logging.WARNING):
+            assert await cache.get(key) is None  # the outage: a miss, noticed
+            hit = await cache.get(key)  # started again: the same url, the saved data
+        assert hit is not None and hit.text == "kept"
+        assert cache.restarts == 1 and cache.url == url and cache._server.pid != first
+        assert "started it again" in caplog.text
+        other = redis.Redis.from_url(url)  # what a tool server holds still reaches it
+        assert other.ping()
+        other.close()
+    finally:
+        await cache.close()
+
+
 async def test_embedded_start_failure_means_no_cache(tmp_path, caplog):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("a file where the cache directory should be")

