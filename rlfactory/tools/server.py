@@ -56,7 +56,7 @@ else:  # pragma: no cover - Python 3.10
 class _Slot:
     """One connection and its restart state."""
     __slots__ = ("conn", "ready", "attempted", "restart_task", "health_task", "failures", "failed_attempts",
-                 "down_reason")
+                 "down_reason", "opening")
 
     def __init__(self, conn: MCPConnection):
         self.conn = conn
@@ -71,6 +71,8 @@ class _Slot:
         """Restart attempts that failed in a row (0 once one succeeds)."""
         self.down_reason: str | None = None
         """Why the last restart attempt failed (calls fail fast meanwhile)."""
+        self.opening: MCPConnection | None = None
+        """The connection a restart is opening now (closed by `close()`, so no process outlives the server)."""
 
 
 class ToolServer:
@@ -241,7 +243,7 @@ class ToolServer:
             while not self._closed:
                 slot.failures += 1
                 await asyncio.sleep(min(BACKOFF_FIRST_S * 2 ** (slot.failures - 1), BACKOFF_MAX_S))
-                conn = self._new_connection()
+                conn = slot.opening = self._new_connection()
                 try:
                     await conn.open(self.settings.startup_timeout_s)
                 except ToolServerError as e:
@@ -260,7 +262,7 @@ class ToolServer:
                 log.info("tool server '%s' restarted", self.name)
                 return
         finally:
-            slot.restart_task = None
+            slot.restart_task = slot.opening = None
 
     def _check_health(self, slot: _Slot, conn: MCPConnection) -> None:
         if self._closed or slot.health_task is not None or slot.conn is not conn:
@@ -278,10 +280,13 @@ class ToolServer:
     async def close(self) -> None:
         """Stop supervision and end every session (for stdio: the processes)."""
         self._closed = True
+        opening = [s.opening for s in self._slots if s.opening is not None]
         tasks = [t for s in self._slots for t in (s.restart_task, s.health_task) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # a restart cancelled while its process was starting: end that process too
+        await asyncio.gather(*(c.kill() for c in opening), return_exceptions=True)
         await asyncio.gather(*(s.conn.close() for s in self._slots), return_exceptions=True)
         for s in self._slots:
             s.ready.clear()

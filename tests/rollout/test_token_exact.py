@@ -156,8 +156,10 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions
             msgs = [{"role": "tool", "content": c.result} for c in records]
             if piece != chat.tool_response_delta(msgs, turn_closed=prev_closed):
                 bad["tool_delta"] += 1
-            for c in records:
-                if len(chat.encode(c.result)) > cfg.tool_response_max_tokens:
+            for c in records:  # an error's text has its own budget (rollout.tool_error_max_tokens)
+                budget = max(cfg.tool_response_max_tokens, cfg.tool_error_max_tokens) if c.is_error \
+                    else cfg.tool_response_max_tokens
+                if len(chat.encode(c.result)) > budget:
                     bad["truncation_budget"] += 1
     if pos != len(ids):
         bad["spans_tile"] += 1
