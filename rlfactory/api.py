@@ -26,6 +26,7 @@ from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.generator import GeneratorLaunch
+from rlfactory.trainer.resume_changes import check_resume
 from rlfactory.trainer.run_dir import refuse_to_replace
 
 _SHORTCUTS = {
@@ -59,6 +60,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
     `trainer.output_dir` already holds a run and neither `resume` nor `overwrite` is set."""
     if not dry_run:
         refuse_to_replace(recipe.trainer.output_dir, resume=resume, overwrite=overwrite)
+        if resume and recipe.engine != "verl" and any((Path(recipe.trainer.output_dir) / "checkpoints").glob("step_*")):
+            check_resume(recipe.trainer.output_dir, recipe)  # a change a resume cannot apply starts nothing
     # The engines are imported here, not at the top: an asynchronous run starts its generator process first, so
     # that the two processes import torch and load the model in parallel.
     if recipe.engine == "verl" or dry_run:

@@ -61,6 +61,7 @@ from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_s
 from rlfactory.trainer.checkpoint import is_peft, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlfactory.trainer.micro_batches import length_buckets
 from rlfactory.trainer.progress import StepProgress
+from rlfactory.trainer.resume_changes import check_resume, describe, record_resume
 from rlfactory.trainer.wiring import open_rollout_side
 
 logger = logging.getLogger(__name__)
@@ -167,8 +168,14 @@ class LocalTrainer:
                     p.unlink()
             (self.out / "recipe.yaml").write_text(self.recipe.to_yaml())
             return None
+        changes = check_resume(self.out, self.recipe)  # refuses what a resume cannot change
         state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
+        if changes:
+            logger.warning("--resume at step %d applies: %s", self.step, describe(changes))
+            if any(k == "algorithm.learning_rate" for k, _, _ in changes):
+                self._set_learning_rate(self.recipe.algorithm.learning_rate)
+        record_resume(self.out, self.step, changes, self.recipe)
         self.sampler.load_state(state["data"])
         self.rewards_so_far = list(state.get("rewards", []))
         # Rows written after the checkpoint belong to steps that will run again.
@@ -178,6 +185,13 @@ class LocalTrainer:
             keep = [ln for ln in rows if json.loads(ln).get("step", 0) <= self.step]
             metrics.write_text("".join(ln + "\n" for ln in keep))
         return state
+
+    def _set_learning_rate(self, lr: float) -> None:
+        """A new peak learning rate after a resume: the optimizer's and the schedule's, at the schedule's point."""
+        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for g in self.optimizer.param_groups:
+            g["initial_lr"], g["lr"] = lr, lr * factor
 
     def _save(self) -> Path:
         state = {"data": self.sampler.state(), "horizon_stage": stage_for_step(self.recipe.rollout.horizon,

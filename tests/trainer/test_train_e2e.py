@@ -138,3 +138,38 @@ def test_an_existing_run_is_never_replaced_by_accident(straight_run, tiny_setup_
 
     with pytest.raises(RLFactoryError, match="--overwrite"):
         train(Recipe.from_yaml(tiny_setup_master / "recipe.yaml", [f"trainer.output_dir={straight_run}"]))
+
+
+def test_resume_applies_the_changes_it_can_and_refuses_the_rest(straight_run, tiny_setup_master, tmp_path):
+    import shutil
+
+    from rlfactory.recipe.schema import Recipe
+
+    out = tmp_path / "run"
+    shutil.copytree(straight_run, out)  # a run folder moved elsewhere is still its run
+    recipe = str(tiny_setup_master / "recipe.yaml")
+    before = (out / "metrics.jsonl").read_bytes()
+    refused = rlf("train", recipe, "--output-dir", str(out), "--resume", "--set", "trainer.seed=7",
+                  "--set", "rollout.sampling.temperature=0.5", "--set", f"trainer.total_steps={STEPS + 1}", timeout=120)
+    msg = " ".join(refused.stderr.split())
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert ("trainer.seed: 0 -> 7 (the remaining steps' prompts and sampling seeds come from the saved run's seed)"
+            in msg)
+    assert "rollout.sampling.temperature: 1.0 -> 0.5 (it changes what the run trains on" in msg
+    assert "nothing was started" in msg
+    assert "trainer.total_steps" not in msg  # that one a resume can apply
+    assert (out / "metrics.jsonl").read_bytes() == before and not (out / "resumes.jsonl").exists()
+
+    applied = rlf("train", recipe, "--output-dir", str(out), "--resume", "--set", f"trainer.total_steps={STEPS + 1}",
+                  "--set", "algorithm.learning_rate=0.0123")
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    assert "trainer.total_steps: 4 -> 5" in " ".join(applied.stderr.split())
+    rows = rows_of(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 2))
+    assert rows[-2]["loss/lr"] == pytest.approx(1e-3) and rows[-1]["loss/lr"] == pytest.approx(0.0123)
+    record = [json.loads(ln) for ln in (out / "resumes.jsonl").read_text().splitlines()]
+    assert record == [{"step": STEPS, "changes": {"algorithm.learning_rate": [1e-3, 0.0123],
+                                                  "trainer.output_dir": [str(straight_run), str(out)],
+                                                  "trainer.total_steps": [STEPS, STEPS + 1]}}]
+    now = Recipe.from_yaml(out / "recipe.yaml")
+    assert now.trainer.total_steps == STEPS + 1 and now.algorithm.learning_rate == 0.0123
