@@ -180,6 +180,67 @@ def _first_row(path: Path) -> dict[str, Any] | None:
     return None
 
 
+MAX_ROW_PROBLEMS = 5
+"""Bad rows named one by one in a data file; the rest are counted."""
+
+
+def _rows(path: Path) -> Any:
+    """(where, row) for every row: `line N` of a JSONL file, `row N` of JSON and parquet; a line that is not JSON
+    yields (where, ValueError)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():
+                n += 1
+                yield f"row {n}", row
+        return
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        for i, row in enumerate(data if isinstance(data, list) else [], start=1):
+            yield f"row {i}", row
+        return
+    with path.open() as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"line {i}", json.loads(line)
+            except ValueError as e:
+                yield f"line {i}", ValueError(f"not JSON ({e})")
+
+
+def _row_problem(row: Any, d: Any) -> str | None:
+    if isinstance(row, ValueError):
+        return str(row)
+    if not isinstance(row, dict):
+        return f"not an object (got {type(row).__name__})"
+    if d.prompt_field not in row:
+        return f"no field {d.prompt_field!r} (data.prompt_field)"
+    prompt = row[d.prompt_field]
+    if not isinstance(prompt, (str, list)) or (isinstance(prompt, str) and not prompt.strip()):
+        return f"field {d.prompt_field!r} must be a non-empty string or a list of chat messages"
+    missing = [name for name in d.metadata_fields or [] if name not in row]
+    if missing:
+        return f"no field {missing[0]!r} (data.metadata_fields)"
+    return None
+
+
+def _check_every_row(key: str, path: Path, d: Any, errors: list[str]) -> None:
+    bad: list[str] = []
+    count = 0
+    for where, row in _rows(path):
+        problem = _row_problem(row, d)
+        if problem is not None:
+            count += 1
+            if len(bad) < MAX_ROW_PROBLEMS:
+                bad.append(f"{where}: {problem}")
+    if bad:
+        more = f" (and {count - len(bad)} more rows)" if count > len(bad) else ""
+        errors.append(f"{key}: {path}: " + "; ".join(bad) + more)
+
+
 def _check_data_file(key: str, file: str, d: Any, errors: list[str], warnings: list[str]) -> None:
     path = Path(file)
     if not path.is_file():
@@ -199,6 +260,7 @@ def _check_data_file(key: str, file: str, d: Any, errors: list[str], warnings: l
     if not isinstance(row, dict):
         errors.append(f"{key}: rows of {file} must be objects (got {type(row).__name__})")
         return
+    first_errors = len(errors)
     if d.prompt_field not in row:
         close = difflib.get_close_matches(d.prompt_field, list(row), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (row fields: {', '.join(sorted(row))})"
@@ -209,6 +271,11 @@ def _check_data_file(key: str, file: str, d: Any, errors: list[str], warnings: l
     for name in d.metadata_fields or []:
         if name not in row:
             errors.append(f"data.metadata_fields: {name!r} is not a field of the rows of {file}")
+    if len(errors) == first_errors:
+        try:
+            _check_every_row(key, path, d, errors)  # the first row was fine: is every other?
+        except Exception as e:  # noqa: BLE001 - a file that cannot be read through is the user's file
+            errors.append(f"{key}: cannot read {file}: {e}")
 
 
 def _check_data(r: Recipe, errors: list[str], warnings: list[str]) -> None:
@@ -221,6 +288,7 @@ def _check_data(r: Recipe, errors: list[str], warnings: list[str]) -> None:
 
 
 def _check_tools(r: Recipe, errors: list[str]) -> None:
+    _check_cache(r, errors)
     if not r.tools.mcp_configs:
         if r.tools.servers or r.tools.server_settings:
             errors.append("tools.servers / tools.server_settings name servers, but tools.mcp_configs is empty")
@@ -233,8 +301,35 @@ def _check_tools(r: Recipe, errors: list[str]) -> None:
         except ConfigError as e:
             where = f"{e.file}: " if e.file else ""
             errors.extend(m if m.startswith("tools.") else f"tools.mcp_configs: {where}{m}" for m in e.problems)
+
+
+def _check_cache(r: Recipe, errors: list[str]) -> None:
     if r.tools.cache.backend == "redis" and not r.tools.cache.url:
         errors.append("tools.cache.url: required when tools.cache.backend is redis (e.g. redis://127.0.0.1:6379/0)")
+    elif r.tools.cache.backend == "redis":
+        problem = _redis_problem(r.tools.cache.url)
+        if problem:
+            errors.append(f"tools.cache.url: {problem}")
+
+
+def _redis_problem(url: str) -> str | None:
+    """Why nothing usable answers at a Redis URL (None when a PING gets its answer within a second)."""
+    import redis
+
+    from rlfactory.tools.cache.redis_backend import redact
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+    except ValueError as e:
+        return f"not a Redis URL ({e})"
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        return (f"no Redis answers at {redact(url)} ({type(e).__name__}: {e}); start redis-server there, or set "
+                f"tools.cache.backend to 'embedded' (the default) or 'none'")
+    finally:
+        client.close()
+    return None
 
 
 # The per-recipe copies that recipes/mcp/ held until the configs were merged: file -> (shared file, its servers).

@@ -84,6 +84,45 @@ def test_data_field_mapping_is_checked_against_the_rows(tmp_path):
     assert any("data.prompt_field: 'promt'" in e and "did you mean 'prompt'" in e for e in errors), errors
 
 
+def test_every_data_row_is_checked_and_bad_ones_are_named_by_line(tmp_path):
+    path = write_recipe(tmp_path, base(), rows=3)
+    with (tmp_path / "train.jsonl").open("a") as f:  # lines 4-6 are bad, line 7 is fine again
+        f.write('{"question": "no prompt field"}\n{"prompt": "cut off\n[1, 2]\n')
+        f.write(json.dumps({"prompt": "fine", "answer": "1"}) + "\n")
+    errors = validate_recipe(path)
+    bad = [e for e in errors if "data.train_file" in e]
+    assert len(bad) == 1, errors
+    assert "line 4: no field 'prompt' (data.prompt_field)" in bad[0]
+    assert "line 5: not JSON" in bad[0] and "line 6: not an object (got list)" in bad[0]
+    assert "line 7" not in bad[0] and "line 1:" not in bad[0]
+    many = tmp_path / "many"
+    many.mkdir()
+    path = write_recipe(many, base(), rows=1)
+    with (many / "train.jsonl").open("a") as f:
+        f.write("".join(json.dumps({"prompt": ""}) + "\n" for _ in range(9)))
+    (msg,) = [e for e in validate_recipe(path) if "data.train_file" in e]
+    assert "line 2: field 'prompt' must be a non-empty string" in msg and "(and 4 more rows)" in msg
+
+
+def test_a_redis_url_that_nothing_answers_is_rejected(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port with no listener: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        rec = base()
+        rec["tools"] = {"cache": {"backend": "redis", "url": f"redis://127.0.0.1:{port}/0"}}
+        errors = validate_recipe(write_recipe(tmp_path, rec))
+    (msg,) = [e for e in errors if "tools.cache.url" in e]
+    assert f"no Redis answers at redis://127.0.0.1:{port}/0" in msg and "'embedded'" in msg
+
+
+def test_a_redis_url_that_answers_passes(tmp_path, redis_server):
+    rec = base()
+    rec["tools"] = {"cache": {"backend": "redis", "url": redis_server.url}}
+    assert not [e for e in validate_recipe(write_recipe(tmp_path, rec)) if "tools.cache" in e]
+
+
 def test_budgets_larger_than_the_context_are_rejected(tmp_path):
     rec = base()
     rec["rollout"].update({"max_response_tokens": 4096, "max_context_tokens": 2048})

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from local_services import pick_free_port, redis_server_binary
+from local_services import RedisProcess, pick_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,9 +152,9 @@ def two_ray_nodes(tmp_path):
 
 def test_two_ray_nodes_share_one_redis_cache(tmp_path, two_ray_nodes):
     address, env = two_ray_nodes
-    redis_port = pick_free_port()
-    redis = subprocess.Popen([redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = RedisProcess(tmp_path)
+    redis.start()  # answering before the run starts: `train` checks that its cache URL answers
+    redis_port = redis.port
     same = tmp_path / "same.jsonl"  # one product asked 64 times: calls on either node can hit the other's entries
     same.write_text("".join(json.dumps({"id": f"s{i}", "prompt": "What is 4817 * 2931?",
                                         "answer": str(4817 * 2931)}) + "\n" for i in range(64)))
@@ -164,8 +164,7 @@ def test_two_ray_nodes_share_one_redis_cache(tmp_path, two_ray_nodes):
                   "tools.cache.backend=redis", f"tools.cache.url=redis://127.0.0.1:{redis_port}/0",
                   f"data.train_file={same}", env=env)
     finally:
-        redis.terminate()
-        redis.wait(10)
+        redis.stop()
     got = rows(out)
     assert [r["step"] for r in got] == [1, 2]
     assert all(r["rollout/nodes"] == 2 for r in got)  # agent-loop workers on both nodes served trajectories
