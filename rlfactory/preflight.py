@@ -297,10 +297,32 @@ def _check_tools(r: Recipe, errors: list[str]) -> None:
     errors.extend(f"tools.mcp_configs: file not found: {p}{_moved_config_hint(p)}" for p in missing)
     if not missing:
         try:
-            load_recipe_servers(r.tools)
+            servers = load_recipe_servers(r.tools)
         except ConfigError as e:
             where = f"{e.file}: " if e.file else ""
             errors.extend(m if m.startswith("tools.") else f"tools.mcp_configs: {where}{m}" for m in e.problems)
+        else:
+            for cfg in servers.values():
+                if cfg.transport == "http" and cfg.url and (problem := _http_problem(cfg.url)):
+                    errors.append(f"tools.mcp_configs: {cfg.source}: server '{cfg.name}' ({cfg.url}): {problem}")
+
+
+def _http_problem(url: str) -> str | None:
+    """Why nothing accepts connections at an HTTP server's address (None when a TCP connection opens within 2 s):
+    found before any model is loaded rather than when the run starts its tool servers."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return None  # the config check reports malformed URLs
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=2.0):
+            return None
+    except OSError as e:
+        return (f"nothing accepts connections at {parts.hostname}:{port} ({e.strerror or e}); start the server, or "
+                f"leave it out of tools.servers")
 
 
 def _check_cache(r: Recipe, errors: list[str]) -> None:

@@ -173,3 +173,20 @@ def test_resume_applies_the_changes_it_can_and_refuses_the_rest(straight_run, ti
                                                   "trainer.total_steps": [STEPS, STEPS + 1]}}]
     now = Recipe.from_yaml(out / "recipe.yaml")
     assert now.trainer.total_steps == STEPS + 1 and now.algorithm.learning_rate == 0.0123
+
+
+def test_an_unreachable_http_tool_server_is_found_before_anything_starts(tiny_setup_master, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: nothing accepts connections there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        cfg = tmp_path / "web.json"
+        cfg.write_text(json.dumps({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}}))
+        out = tmp_path / "run"
+        proc = rlf("train", str(tiny_setup_master / "recipe.yaml"), "--output-dir", str(out),
+                   "--set", f"tools.mcp_configs=[{cfg}]", "--set", "tools.servers=[web]", timeout=120)
+    msg = " ".join(proc.stderr.split())
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"{cfg}: server 'web' (http://127.0.0.1:{port}/mcp): nothing accepts connections" in msg, msg[-2000:]
+    assert not out.exists()  # no empty run folder left behind
