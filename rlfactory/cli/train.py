@@ -83,6 +83,10 @@ def train_cmd(
     except RLFactoryError as e:
         fail(str(e))
     _print_done(summary)
+    if summary.get("stopped_by") == "SIGTERM":
+        console.print(f"stopped by SIGTERM after step {summary.get('steps')} with a checkpoint; continue with the same "
+                      f"command and --resume", highlight=False, soft_wrap=True)
+        raise SystemExit(143)  # 128 + SIGTERM, as a job killed by it would report
 
 
 def _print_done(summary: dict) -> None:

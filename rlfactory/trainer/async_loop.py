@@ -114,6 +114,7 @@ class AsyncTrainer(LocalTrainer):
     # ----------------------------------------------------------------------------------------------- run
     async def run(self) -> dict[str, Any]:
         r, t = self.recipe, self.recipe.trainer
+        self._catch_sigterm()
         self._restore(self._prepare_run_dir())
         start_step = self.step
         log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
@@ -172,6 +173,8 @@ class AsyncTrainer(LocalTrainer):
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
                     self._end_step(row, log, bar, wall0)
+                    if self._stop_after_step():
+                        break
         finally:
             bar.close()
             log.close()

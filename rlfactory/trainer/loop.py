@@ -23,12 +23,14 @@ Left out: multi-GPU (use `engine: verl`), sequence packing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
 import math
 import random
 import shutil
+import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -337,6 +339,7 @@ class LocalTrainer:
     async def run(self) -> dict[str, Any]:
         """Train until `trainer.total_steps`; return the summary (also written to summary.json)."""
         r, t = self.recipe, self.recipe.trainer
+        self._catch_sigterm()
         self._prepare_run_dir()
         start_step = self.step
         log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
@@ -380,6 +383,8 @@ class LocalTrainer:
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
                     self._end_step(row, log, bar, wall0)
+                    if self._stop_after_step():
+                        break
         finally:
             bar.close()
             log.close()
@@ -395,6 +400,28 @@ class LocalTrainer:
             save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
                              [trajs[i] for i in sorted(pick)])
 
+    def _catch_sigterm(self) -> None:
+        """SIGTERM (a preemptible cluster's notice) ends the run after the step in progress, with a checkpoint."""
+        self.stopped_by: str | None = None
+
+        def on_term() -> None:
+            logger.warning("SIGTERM: finishing step %d, then saving a checkpoint and stopping (continue with "
+                           "--resume)", self.step + 1)
+            self.stopped_by = "SIGTERM"
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
+
+    def _stop_after_step(self) -> bool:
+        """True when a SIGTERM asked to stop: the step just ended is checkpointed (unless `_end_step` just did)."""
+        if self.stopped_by is None or self.step >= self.recipe.trainer.total_steps:
+            return False
+        t = self.recipe.trainer
+        if not (t.save_every_steps and self.step % t.save_every_steps == 0):
+            self._save()
+        logger.warning("stopped at step %d by %s; checkpoint saved", self.step, self.stopped_by)
+        return True
+
     def _end_step(self, row: dict[str, Any], log: Any, bar: Any, wall0: float) -> None:
         """Log the step's row and checkpoint when the recipe says so."""
         t = self.recipe.trainer
@@ -409,6 +436,7 @@ class LocalTrainer:
         """summary.json (with `extra` fields) and the report; returns the summary."""
         t = self.recipe.trainer
         summary = {"name": self.recipe.name, "steps": self.step, "resumed_from_step": start_step,
+                   **({"stopped_by": self.stopped_by} if getattr(self, "stopped_by", None) else {}),
                    "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out), **extra,
                    **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
         if last_eval:

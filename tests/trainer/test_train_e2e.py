@@ -190,3 +190,36 @@ def test_an_unreachable_http_tool_server_is_found_before_anything_starts(tiny_se
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"{cfg}: server 'web' (http://127.0.0.1:{port}/mcp): nothing accepts connections" in msg, msg[-2000:]
     assert not out.exists()  # no empty run folder left behind
+
+
+def test_sigterm_checkpoints_the_step_and_leaves_no_tool_server(tiny_setup_master, tmp_path):
+    import psutil
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(tiny_setup_master / "recipe.yaml"), "--output-dir",
+           str(out), "--set", "trainer.total_steps=200", "--set", "trainer.save_every_steps=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        servers = psutil.Process(proc.pid).children(recursive=True)
+        assert servers  # the calculator MCP server
+        proc.send_signal(signal.SIGTERM)  # the trainer alone, as a cluster's preemption notice
+        said, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == 143, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and 2 <= summary["steps"] < 200
+    assert (out / "checkpoints" / f"step_{summary['steps']:06d}").is_dir()
+    assert len(rows_of(out)) == summary["steps"]
+    assert "continue with the same command and --resume" in " ".join(said.split())
+    psutil.wait_procs(servers, timeout=10)
+    assert not [p for p in servers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
