@@ -164,19 +164,10 @@ def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: lis
 
 
 def _first_row(path: Path) -> dict[str, Any] | None:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # only for parquet files (0.2 s): `validate` stays quick for JSONL
-
-        table = pq.ParquetFile(path).read_row_group(0) if pq.ParquetFile(path).num_row_groups else None
-        rows = table.slice(0, 1).to_pylist() if table is not None else []
-        return rows[0] if rows else None
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        return data[0] if isinstance(data, list) and data else None
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                return json.loads(line)
+    for _, row in _rows(path):
+        if isinstance(row, ValueError):
+            raise row
+        return row
     return None
 
 

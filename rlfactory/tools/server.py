@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from typing import Any
 
@@ -44,13 +43,6 @@ FAIL_FAST_AFTER = 3
 """Failed restart attempts in a row after which calls no longer wait for the next attempt."""
 START_ATTEMPTS = 3
 """How many times a server's first start is tried before `start()` gives up."""
-
-if sys.version_info >= (3, 11):
-    _timeout = asyncio.timeout
-else:  # pragma: no cover - Python 3.10
-    import anyio
-
-    _timeout = anyio.fail_after
 
 
 class _Slot:

@@ -137,6 +137,8 @@ class LocalTrainer:
         self.step = 0
         self.rewards_so_far: list[float] = []
         self.resume = resume
+        self.stopped_by: str | None = None
+        """What ended the run before total_steps (`SIGTERM`), if anything."""
 
     def _reference(self) -> Any:
         kl = self.recipe.algorithm.kl
@@ -402,7 +404,6 @@ class LocalTrainer:
 
     def _catch_sigterm(self) -> None:
         """SIGTERM (a preemptible cluster's notice) ends the run after the step in progress, with a checkpoint."""
-        self.stopped_by: str | None = None
 
         def on_term() -> None:
             logger.warning("SIGTERM: finishing step %d, then saving a checkpoint and stopping (continue with "
@@ -416,27 +417,30 @@ class LocalTrainer:
         """True when a SIGTERM asked to stop: the step just ended is checkpointed (unless `_end_step` just did)."""
         if self.stopped_by is None or self.step >= self.recipe.trainer.total_steps:
             return False
-        t = self.recipe.trainer
-        if not (t.save_every_steps and self.step % t.save_every_steps == 0):
+        if not self._checkpoint_due():
             self._save()
         logger.warning("stopped at step %d by %s; checkpoint saved", self.step, self.stopped_by)
         return True
 
     def _end_step(self, row: dict[str, Any], log: Any, bar: Any, wall0: float) -> None:
         """Log the step's row and checkpoint when the recipe says so."""
-        t = self.recipe.trainer
         row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
         log.write(row)
         bar.update(self.step, row)
-        if (t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps:
+        if self._checkpoint_due():
             self._save()
+
+    def _checkpoint_due(self) -> bool:
+        """Whether the step just ended is one the recipe checkpoints (every save_every_steps, and the last)."""
+        t = self.recipe.trainer
+        return bool(t.save_every_steps and self.step % t.save_every_steps == 0) or self.step == t.total_steps
 
     def _finish(self, start_step: int, wall0: float, last_eval: dict[str, Any],
                 **extra: Any) -> dict[str, Any]:
         """summary.json (with `extra` fields) and the report; returns the summary."""
         t = self.recipe.trainer
         summary = {"name": self.recipe.name, "steps": self.step, "resumed_from_step": start_step,
-                   **({"stopped_by": self.stopped_by} if getattr(self, "stopped_by", None) else {}),
+                   **({"stopped_by": self.stopped_by} if self.stopped_by else {}),
                    "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out), **extra,
                    **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
         if last_eval:

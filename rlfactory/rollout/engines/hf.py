@@ -405,16 +405,17 @@ class HFEngine:
     def _evict(self, batch: BatchKV, rows: list[_Request | None]) -> list[_Request | None]:
         """Resolve finished rows (they stay in the batch as None) and compact the batch once enough have finished:
         a finished row costs a row of each decode step, a compaction a copy of the whole KV cache."""
-        key = self._weights_key() if self._parked is not None else None
+        key: int | None = None  # the weights now loaded, summed once a row has finished
         for i, r in enumerate(rows):
             if r is None:
                 continue
             if r.cancelled and r.finish is None:
                 r.finish = "abort"
             if r.finish is not None:
-                if key is not None and r.finish != "abort" and r.kv_key == key:
-                    # every cached token (all but the last sampled one) came from the weights loaded now
-                    self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
+                if self._parked is not None and r.finish != "abort":
+                    key = self._weights_key() if key is None else key
+                    if r.kv_key == key:  # every cached token (all but the last sampled one) is of these weights
+                        self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
                 self._resolve(r)
                 rows[i] = None
         dead = sum(r is None for r in rows)

