@@ -36,8 +36,14 @@ async def conversation(engine: HFEngine, prompt: list[int], seed: int, turns: in
 
 async def group_rollout(model, prefix_cache: bool, samples: int = 4) -> tuple[list, HFEngine]:
     engine = engine_for(model, prefix_cache=prefix_cache)
-    convs = await asyncio.gather(*[conversation(engine, p, g * samples + k)
-                                   for g, p in enumerate(PROMPTS) for k in range(samples)])
+    # Hold the engine's (re-entrant) condition while every conversation queues its first request: the worker thread
+    # waits, so all of them are admitted in one prefill however busy the machine is.
+    with engine._cond:
+        tasks = [asyncio.ensure_future(conversation(engine, p, g * samples + k))
+                 for g, p in enumerate(PROMPTS) for k in range(samples)]
+        while len(engine._pending) < len(tasks):
+            await asyncio.sleep(0)
+    convs = await asyncio.gather(*tasks)
     await engine.close()
     return convs, engine
 
