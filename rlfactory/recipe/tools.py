@@ -32,6 +32,9 @@ class ServerSettings(Section):
     max_output_bytes: int = Field(65_536, ge=256)
     """A result longer than this many UTF-8 bytes is cut before it is cached, tokenized or shown, and says how much
     was cut (unbounded, 1 MB of output became ~1 M tokens)."""
+    max_message_bytes: int = Field(8 * 2**20, ge=65_536)
+    """The longest message read from a stdio server: a longer reply is dropped as it arrives, never held in memory,
+    and its call gets an error saying how large it was (a 50 MB reply otherwise costs ~160 MB and seconds)."""
 
 
 class ServerSettingsPatch(Section):
@@ -54,6 +57,8 @@ class ServerSettingsPatch(Section):
     """How long start-up may take."""
     max_output_bytes: int | None = Field(None, ge=256)
     """The most UTF-8 bytes of a result kept."""
+    max_message_bytes: int | None = Field(None, ge=65_536)
+    """The longest message read from a stdio server."""
 
 
 class CacheConfig(Section):

@@ -1,5 +1,5 @@
-"""The adapter to the MCP SDK's client: the ONLY module that imports `mcp.client` (stdio_client,
-streamable_http_client, ClientSession).
+"""The adapter to the MCP SDK's client: the ONLY module that imports `mcp.client` (streamable_http_client,
+ClientSession); its stdio transport is `stdio_transport.py`.
 
 `MCPConnection` is one long-lived session to one server (one subprocess for stdio). A dedicated owner task enters and
 leaves the SDK's context managers, because anyio requires a cancel scope to be exited by the task that entered it;
@@ -29,13 +29,13 @@ except ImportError:  # Python 3.10: anyio depends on the backport
 
 import mcp_types
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from rlfactory import __version__
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.mcp_configs import ServerConfig
+from rlfactory.tools.stdio_transport import REPLY_TOO_LARGE, REPLY_UNREADABLE, base_environment, stdio_transport
 from rlfactory.tools.types import ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -120,10 +120,11 @@ class MCPConnection:
         env.update(cfg.env)
         env.update(self.extra_env)
         env[_TAG_ENV] = self._tag
-        params = StdioServerParameters(command=cfg.command or "", args=list(cfg.args), env=env, cwd=cfg.cwd)
         # Server stderr goes to an anonymous file: kept quiet in the terminal, its tail explains a failed start.
         self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-        return stdio_client(params, errlog=self._errlog)
+        return stdio_transport(cfg.command or "", list(cfg.args), env=base_environment() | env,
+                               cwd=str(cfg.cwd) if cfg.cwd else None, errlog=self._errlog,
+                               max_message_bytes=cfg.settings.max_message_bytes)
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
         try:
@@ -238,6 +239,9 @@ class MCPConnection:
             if code == mcp_types.CONNECTION_CLOSED:
                 self.lost = True
                 raise ConnectionLost(f"server '{self.cfg.name}' closed the connection{self._stderr_hint()}") from None
+            if code in (REPLY_TOO_LARGE, REPLY_UNREADABLE):  # the tool's output, not the server, is at fault
+                return error_result(name, self.cfg.name, "tool_error", f"Error: the output of {name} could not "
+                                    f"be used: {e.error.message}")
             kind = "bad_arguments" if code == mcp_types.INVALID_PARAMS else "server_error"
             return error_result(name, self.cfg.name, kind, f"Error calling {name}: {e.error.message}")
         except (ConnectionError, OSError) as e:  # HTTP transport failures
