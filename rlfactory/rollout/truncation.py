@@ -15,8 +15,29 @@ Side = Literal["left", "right", "middle"]
 _REPLACEMENT = "\ufffd"
 
 
-def _note(cut: int) -> str:
-    return f"\n[... {cut} tokens truncated ...]\n"
+WINDOW_CHARS_PER_TOKEN = 32
+"""A text longer than (budget + 64) x this many characters is tokenized only in windows at the ends it keeps, and the
+count of tokens cut is estimated from the windows' characters per token: 64 KiB of binary output took 83 ms to
+tokenize whole, on the event loop, to keep 64 tokens of it. (A window that holds too few tokens, whose tokens are
+very long, falls back to the whole text.)"""
+
+
+def _note(cut: int, approx: bool = False) -> str:
+    return f"\n[... {'about ' if approx else ''}{cut} tokens truncated ...]\n"
+
+
+def _windowed_ids(text: str, max_tokens: int, side: Side, encode: Callable[[str], list[int]]
+                  ) -> tuple[list[int], int, bool]:
+    """(ids to cut from, the text's token count, whether that count is an estimate)."""
+    width = (max_tokens + 64) * WINDOW_CHARS_PER_TOKEN
+    if len(text) > 2 * width:
+        window = text[:width] if side == "right" else text[-width:] if side == "left" else (
+            text[:width] + text[-width:])  # middle: the seam lies in the part that is cut
+        ids = encode(window)
+        if len(ids) > max_tokens + 32:
+            return ids, round(len(ids) * len(text) / len(window)), True
+    ids = encode(text)
+    return ids, len(ids), False
 
 
 def truncate_tokens(
@@ -33,11 +54,11 @@ def truncate_tokens(
     """
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    ids = encode(text)
-    if len(ids) <= max_tokens:
+    ids, total, approx = _windowed_ids(text, max_tokens, side, encode)
+    if total <= max_tokens:
         return text, 0
-    cut_estimate = len(ids) - max_tokens
-    note = _note(cut_estimate)
+    cut_estimate = total - max_tokens
+    note = _note(cut_estimate, approx)
     note_len = len(encode(note))
     if note_len >= max_tokens:
         note, note_len = "", 0
@@ -50,7 +71,7 @@ def truncate_tokens(
         keep -= size - max_tokens  # re-encoding merged or split tokens at the seams: shrink and retry
     if len(encode(candidate)) > max_tokens:  # even the note alone is too long at this budget
         candidate = ""
-    return candidate, len(ids) - max(0, keep)
+    return candidate, total - max(0, keep)
 
 
 def _assemble(ids: list[int], keep: int, side: Side, note: str, decode: Callable[[list[int]], str]) -> str:

@@ -52,6 +52,29 @@ def test_truncation_boundaries(tok):
     assert len(enc(tiny)) <= 3 and "truncated" not in tiny
 
 
+def test_a_huge_response_is_tokenized_only_where_it_is_kept(tok):
+    """64 KiB of output for a 64-token budget: only windows at the kept ends are tokenized, the kept text is what
+    tokenizing the whole would keep, and the note says the count of tokens cut is an estimate."""
+    enc, dec = _codec(tok)
+    seen: list[int] = []
+
+    def counting(s: str) -> list[int]:
+        seen.append(len(s))
+        return enc(s)
+
+    text = " ".join(f"w{i}" for i in range(20_000))
+    for side in ("right", "left", "middle"):
+        seen.clear()
+        cut, removed = truncate_tokens(text, 64, side, counting, dec)
+        assert max(seen) < len(text) // 10 and len(enc(cut)) <= 64 and "about" in cut
+        exact_total = len(enc(text))
+        assert abs(removed - (exact_total - 64)) < 0.1 * exact_total  # an estimate, and a close one
+        if side == "right":
+            assert cut.startswith("w0 w1 w2") and cut.split("\n[")[0] in text
+        if side == "left":
+            assert cut.rstrip().endswith("w19999")
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120),
        limit=st.integers(0, 40), side=st.sampled_from(["left", "right", "middle"]))
