@@ -118,6 +118,12 @@ def exclude_infra_failures(trajectories: list[Trajectory]) -> list[Trajectory]:
             if t.infra_failed else t for i, t in enumerate(trajectories)]
 
 
+def trained_on_infra_failures(hit: list[bool], batch: GRPOBatch) -> int:
+    """How many trajectories hit by an infrastructure failure (`hit`, in `batch`'s order) still have a trained token
+    in `batch`: 0 when they went through `exclude_infra_failures` (the `rollout/trained_on_infra_failures` metric)."""
+    return sum(1 for i, h in enumerate(hit) if h and float(batch.response_mask[i].sum()) > 0)
+
+
 def compute_advantages(batch: GRPOBatch, *, norm_adv_by_std: bool = True) -> torch.Tensor:
     """Group-relative advantages, verl's `compute_grpo_outcome_advantage`: (R - mean_g) / (std_g + eps) per group,
     broadcast over the response and zeroed off the loss mask. Returns [N, T]."""

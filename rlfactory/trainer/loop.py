@@ -47,6 +47,7 @@ from rlfactory.algorithms.grpo import (
     prompt_groups,
     response_logprobs,
     set_global_batch,
+    trained_on_infra_failures,
 )
 from rlfactory.algorithms.off_policy import CorrectionTotals, correct
 from rlfactory.data.tasks import TaskSampler, load_tasks
@@ -219,7 +220,7 @@ class LocalTrainer:
         hit = [t.infra_failed for t in trajs]
         trajs = exclude_infra_failures(trajs)  # out of the loss and of their groups' statistics
         batch = build_batch(trajs, pad_id_of(self.tokenizer))  # [N, ...] on CPU
-        trained_on_infra = sum(1 for i, h in enumerate(hit) if h and float(batch.response_mask[i].sum()) > 0)
+        trained_on_infra = trained_on_infra_failures(hit, batch)
         if correction is not None and correction.is_cap is None and correction.mask_outside is None:
             correction = None
         totals = CorrectionTotals()
