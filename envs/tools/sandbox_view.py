@@ -1,9 +1,10 @@
 """The python sandbox's own view of the filesystem: what the interpreter needs, read-only, plus its scratch.
 
 `derive_view()` runs once, at server start: it works out which host paths this Python needs — `sys.executable`,
-the prefixes (stdlib, site-packages), the directories of the shared libraries it loads (read from the memory map of
-a child that imports every stdlib extension module, and numpy when installed), the loader cache, the symlinks met on
-the way to each — and the harmless device nodes. Nothing about this machine is hard-coded.
+the stdlib and site-packages of its prefixes (not whole prefixes: with /usr as prefix that would be every program),
+the directories of the shared libraries it loads (read from the memory map of a child, started as a snippet is,
+that imports every stdlib extension module, and numpy when installed), the loader cache, the symlinks met on the
+way to each — and the harmless device nodes. Nothing about this machine is hard-coded.
 
 `ENTER` is the child-side code, run first thing inside `unshare -m --pid --fork …` while still privileged (root, or
 root of a fresh user namespace): a small tmpfs becomes the new root; each needed path is bind-mounted there at its
@@ -18,6 +19,7 @@ source tree stays invisible).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,9 +32,11 @@ DEVICE_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/d
 # statvfs flags equal to the mount flags of the same name: a bind mount in a user namespace must keep them.
 _KEPT_FLAGS = 1 | 2 | 4 | 8 | 1024 | 2048  # rdonly, nosuid, nodev, noexec, noatime, nodiratime
 
-# Run in a child of the very interpreter the sandbox uses: load what it can load, then list the files it mapped.
+# Run in a child of the very interpreter the sandbox uses, started as a snippet is (`-I`): print its sys.path, load
+# what it can load, then list the files it mapped.
 _PROBE = r'''
-import os, sys
+import json, os, sys
+print(json.dumps(sys.path))
 names = [n for n in sys.argv[1:]]
 for d in sys.path:
     if os.path.basename(d) == "lib-dynload" and os.path.isdir(d):
@@ -89,21 +93,26 @@ def _follow(path: str, links: dict[str, str], depth: int = 0) -> str:
     return real
 
 
-def _mapped_library_dirs(executable: str) -> set[str]:
-    extra = ["numpy"]
-    out = subprocess.run([executable, "-I", "-c", _PROBE, *extra], capture_output=True, text=True, timeout=120,
+def _probe_child(executable: str) -> tuple[list[str], set[str]]:
+    """A snippet interpreter's sys.path, and the directories of the shared libraries it maps."""
+    out = subprocess.run([executable, "-I", "-c", _PROBE, "numpy"], capture_output=True, text=True, timeout=120,
                          stdin=subprocess.DEVNULL)
-    if out.returncode != 0:
+    if out.returncode != 0 or not out.stdout:
         raise OSError(f"sandbox view: probing the libraries of {executable} failed: {out.stderr.strip()[-300:]}")
-    files = [p for p in out.stdout.splitlines() if p.startswith("/") and not p.endswith("(deleted)")]
-    return {os.path.dirname(p) for p in files if ".so" in os.path.basename(p) and os.path.isfile(p)}
+    first, *rest = out.stdout.splitlines()
+    files = [p for p in rest if p.startswith("/") and not p.endswith("(deleted)")]
+    return json.loads(first), {os.path.dirname(p) for p in files if ".so" in os.path.basename(p) and os.path.isfile(p)}
 
 
 def derive_view() -> FsView:
     """What this interpreter needs, derived from it (raises OSError when it cannot be worked out)."""
-    wanted = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    path, library_dirs = _probe_child(sys.executable)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    # Only the stdlib and site-packages of the prefixes, not the whole prefix (with /usr as prefix, that would be
+    # every program on the machine); sys.path entries elsewhere (an editable install's project tree) stay out.
+    wanted = {sys.executable, *library_dirs}
     wanted |= {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    wanted |= _mapped_library_dirs(sys.executable)
+    wanted |= {p for p in path if any(os.path.realpath(p).startswith(x.rstrip("/") + "/") for x in prefixes)}
     if os.path.isfile("/etc/ld.so.cache"):
         wanted.add("/etc/ld.so.cache")  # where the loader looks first for a library dlopen()ed by name
     links: dict[str, str] = {}
