@@ -15,7 +15,8 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
   (`sandbox_view.py`, derived once at start-up). /etc, /home, /root, the project tree, other files are absent.
 - files: an audit hook refuses opening for writing, removing, renaming, chmod… of any path outside the scratch
   directory (after resolving symlinks; hard links to outside files are refused); RLIMIT_FSIZE caps file size.
-  Without a filesystem view, reading host files is limited only by file permissions (and the per-snippet uid).
+  Without a filesystem view the hook also refuses reading (open, listing) outside the paths the view would hold
+  and the scratch directory — CPython-level only, like the rest of the hook.
 - processes: the audit hook refuses fork/exec/spawn/system/subprocess, and ctypes lookups of fork/exec/syscall/…
   (ctypes itself stays importable: numpy needs it), so a fork bomb cannot start a second process; with a
   per-snippet uid (below) RLIMIT_NPROC caps processes too, and when a PID namespace is available
@@ -98,6 +99,8 @@ ONE_PATH = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown
                       "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree",
                       "sqlite3.connect"})
 TWO_PATHS = frozenset({"os.rename", "os.link"})  # both ends must be inside (a hard link would alias outside)
+# Without a filesystem view: reading (open, listing) is allowed only here, in scratch and from a few devices.
+READABLE = None if cfg["readable"] is None else tuple(p.rstrip("/") for p in cfg["readable"])
 
 # Everything the hook uses is bound as a default argument, and setting attributes of the hook itself is refused,
 # so a snippet rebinding module globals or the hook's __defaults__/__code__ does not change what it checks.
@@ -105,12 +108,20 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
          fsdecode=os.fsdecode, join=os.path.join, getpid=os.getpid, isinstance=isinstance, str=str, int=int, any=any,
          PermissionError=PermissionError, WRITE_FLAGS=WRITE_FLAGS, DENY=DENY,
          ONE_PATH=ONE_PATH, TWO_PATHS=TWO_PATHS, getattr=getattr, DENY_SYMBOLS=DENY_SYMBOLS,
-         DEVICES=("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr")):
-    def inside(path):
+         DEVICES=("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr"), READABLE=READABLE,
+         READ_DEVICES=("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")):
+    def inside(path, also=()):
         if isinstance(path, int):
             return True  # an already-open descriptor
         p = realpath(join(scratch, fsdecode(path)))
-        return p in DEVICES or p == scratch or p.startswith(scratch + "/")
+        return (p in DEVICES or p == scratch or p.startswith(scratch + "/") or p in also
+                or any(p == r or p.startswith(r + "/") for r in (READABLE if also else ())))
+
+    def check_read(path):
+        if READABLE is not None and path is not None and not inside(path, READ_DEVICES):
+            shown = path if isinstance(path, int) else fsdecode(path)
+            raise PermissionError(f"sandbox: reading {shown!r} is not allowed outside the interpreter's files and "
+                                  "the scratch directory")
 
     targets = ()
     if event == "open":
@@ -119,6 +130,10 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
             isinstance(flags, int) and flags & WRITE_FLAGS)
         if writing and path is not None:
             targets = (path,)
+        else:
+            check_read(path)
+    elif event in ("os.listdir", "os.scandir"):
+        check_read("." if args[0] is None else args[0])
     elif event in ONE_PATH:
         targets = args[:1]
     elif event in TWO_PATHS:
@@ -180,6 +195,7 @@ class Isolation:
     uid_base: int | None
     view: FsView | None = None
     no_view_reason: str = ""
+    readable: list[str] | None = None  # without a view: the audit hook refuses reads outside these (and scratch)
 
     def describe(self) -> str:
         parts = ["audit hook", "rlimits"]
@@ -189,6 +205,8 @@ class Isolation:
             parts.append(self.view.describe())
         else:
             parts.append("no filesystem view" + (f" ({self.no_view_reason})" if self.no_view_reason else ""))
+            if self.readable is not None:
+                parts.append("reads limited to the interpreter's files (audit hook)")
         if self.uid_base is not None:
             parts.append("per-snippet uid")
         return ", ".join(parts)
@@ -243,7 +261,16 @@ def probe_isolation() -> Isolation:
         probe_uid = 200_000
         if _try_snippet("import json, encodings.idna", Isolation(prefix, probe_uid, view))[0]:
             uid_base = probe_uid
-    return Isolation(prefix, uid_base, view, "" if view else reason)
+    return Isolation(prefix, uid_base, view, "" if view else reason, None if view else readable_paths())
+
+
+def readable_paths() -> list[str]:
+    """What the interpreter reads, for the audit hook's fallback where no filesystem view can be made."""
+    try:
+        return [path for path, _, _ in derive_view().binds]
+    except (OSError, subprocess.SubprocessError):
+        paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        return sorted(os.path.realpath(p) for p in paths)
 
 def _format(exit_code: int | None, stdout: str, stderr: str, note: str) -> str:
     parts = [f"exit code: {exit_code}" if exit_code is not None else "exit code: none (killed)"]
@@ -289,7 +316,8 @@ def _prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> tup
         uid = iso.uid_base + next(_uid_pool)
         os.chmod(base, 0o711)  # without a view the snippet's uid reaches its scratch through the host's path
         os.chown(scratch, uid, uid)
-    cfg = {"view": iso.view.spec(root) if iso.view else None, "uid": uid, "rlimits": {
+    cfg = {"view": iso.view.spec(root) if iso.view else None, "uid": uid,
+           "readable": None if iso.view else iso.readable, "rlimits": {
         "RLIMIT_AS": limits.memory_mb * 2**20,
         "RLIMIT_CPU": int(timeout_s) + 1,
         "RLIMIT_FSIZE": limits.file_size_mb * 2**20,

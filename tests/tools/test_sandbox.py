@@ -22,10 +22,11 @@ from envs.tools import python_sandbox as sandbox
 
 @pytest.fixture(scope="module", params=["probed", "hook_only"])
 def iso(request) -> sandbox.Isolation:
-    """Every test runs twice: with what this machine allows (namespaces, per-snippet uid when root), and with the
-    audit hook and rlimits alone — what a machine without unshare/setpriv gets."""
+    """Every test runs twice: with what this machine allows (namespaces and the filesystem view, per-snippet uid when
+    root), and with the audit hook (reads limited to the interpreter's files) and rlimits alone — what a machine
+    without unshare gets."""
     if request.param == "hook_only":
-        return sandbox.Isolation(namespace_prefix=[], uid_base=None)
+        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
     return sandbox.probe_isolation()
 
 
@@ -36,6 +37,14 @@ def viewed() -> sandbox.Isolation:
     if not iso.namespace_prefix:
         pytest.skip(f"this machine cannot make namespaces (unshare), so no filesystem view: {iso.describe()}")
     return iso
+
+
+@pytest.fixture(scope="module", params=["view", "hook_reads"])
+def contained(request) -> sandbox.Isolation:
+    """Both ways host files are kept from a snippet: the filesystem view, and the audit hook's fallback."""
+    if request.param == "hook_reads":
+        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+    return request.getfixturevalue("viewed")
 
 
 async def run(iso, code: str, timeout_s: float = 10, **limits) -> str:
@@ -275,7 +284,7 @@ async def test_proc_shows_only_the_snippets_own_processes(viewed):
         neighbour.wait()
 
 
-async def test_interpreter_stdlib_and_site_packages_work_inside_the_view(viewed):
+async def test_interpreter_stdlib_and_site_packages_work_inside_the_view(contained):
     code = ("import os, sys, json, decimal, hashlib, sqlite3, ssl, zlib, lzma\n"
             "db = sqlite3.connect(':memory:')\nprint(db.execute('select 6 * 7').fetchone()[0])\n"
             "print(decimal.Decimal('0.1') + decimal.Decimal('0.2'), hashlib.sha256(b'x').hexdigest()[:8])\n"
@@ -284,7 +293,7 @@ async def test_interpreter_stdlib_and_site_packages_work_inside_the_view(viewed)
             "open('kept.txt', 'w').write('scratch ok')\nprint(open('kept.txt').read())\n")
     if importlib.util.find_spec("numpy") is not None:
         code += "import numpy\nprint(int(numpy.arange(10).sum()))\n"
-    lines = _lines(await run(viewed, code))
+    lines = _lines(await run(contained, code))
     assert lines[:5] == ["42", "0.3 2d711642", "16", "True True", "scratch ok"]
     if importlib.util.find_spec("numpy") is not None:
         assert lines[5] == "45"
@@ -295,3 +304,20 @@ async def test_the_view_is_read_only_except_the_scratch_directory(viewed):
     code = ("import os, sys\nro = lambda p: bool(os.statvfs(p).f_flag & os.ST_RDONLY)\n"
             "print(ro('/'), ro(sys.prefix), ro(os.path.dirname(os.__file__)), ro('.'))\n")
     assert _lines(await run(viewed, code)) == ["True True True False"]
+
+
+async def test_without_a_view_the_hook_refuses_reading_host_files(tmp_path):
+    iso = sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+    assert "reads limited to the interpreter's files" in iso.describe()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    files = [str(secret), f"/proc/{os.getpid()}/cmdline", str(Path(__file__).resolve())]
+    files += [p for p in ("/etc/hostname", "/etc/passwd") if os.path.isfile(p)]
+    code = (f"import os\nfor p in {files!r}:\n"
+            "    try:\n        open(p, 'rb').read()\n        print('READ', p)\n"
+            "    except PermissionError as e:\n        print('refused', 'not allowed outside' in str(e))\n"
+            f"for p in {['/root', str(tmp_path), '/proc']!r}:\n"
+            "    try:\n        print('LISTED', os.listdir(p))\n"
+            "    except PermissionError as e:\n        print('refused', 'not allowed outside' in str(e))\n"
+            "print(open('main.py').read().count('secret') > 0, len(os.listdir('.')))\n")
+    assert _lines(await run(iso, code)) == ["refused True"] * (len(files) + 3) + ["True 1"]
