@@ -429,6 +429,7 @@ def main() -> None:
     parser.add_argument("--file-size-mb", type=int, default=_limits.file_size_mb)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)  # the MCP server has already set up the root logger at WARNING
     _limits.memory_mb, _limits.max_timeout_s = args.memory_mb, args.max_timeout_s
     _limits.max_output_chars, _limits.file_size_mb = args.max_output_chars, args.file_size_mb
     _isolation = probe_isolation()

@@ -167,7 +167,7 @@ def _rlfactory_enter_view(view, scratch):
         os.makedirs(os.path.dirname(root + link), exist_ok=True)
         os.symlink(target, root + link)
     mount_point(root + scratch, True)
-    bind(scratch, root + scratch, os.statvfs(scratch).f_flag & (NOSUID | NODEV | NOEXEC) | NOSUID | NODEV)
+    bind(scratch, root + scratch, os.statvfs(scratch).f_flag & (NOSUID | NODEV | NOEXEC | 1024 | 2048) | NOSUID | NODEV)
     mount_point(root + "/proc", True)
     try:
         mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)

@@ -321,3 +321,11 @@ async def test_without_a_view_the_hook_refuses_reading_host_files(tmp_path):
             "    except PermissionError as e:\n        print('refused', 'not allowed outside' in str(e))\n"
             "print(open('main.py').read().count('secret') > 0, len(os.listdir('.')))\n")
     assert _lines(await run(iso, code)) == ["refused True"] * (len(files) + 3) + ["True 1"]
+
+
+def test_start_up_log_line_names_the_active_layers():
+    expected = sandbox.probe_isolation().describe()
+    out = subprocess.run([sys.executable, sandbox.__file__], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "400"})
+    assert out.returncode == 0, out.stderr
+    assert f"python sandbox isolation: {expected}" in " ".join(out.stderr.split())
