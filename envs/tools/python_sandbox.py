@@ -9,10 +9,10 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
 - memory: RLIMIT_AS (`--memory-mb`, default 512) — a hog gets MemoryError.
 - output: stdout/stderr are read with a cap; past it the rest is dropped and the snippet is stopped.
 - filesystem view: where a mount namespace can be made (root, or unprivileged user namespaces), the snippet's
-  root is a tmpfs holding only what this interpreter needs — its prefixes, the directories of the shared libraries
-  it loads, /etc/ld.so.cache, /dev/null, zero, full, random, urandom — bind-mounted read-only, a fresh /proc of its
-  own PID namespace (no other process, no host command line) and the scratch directory, writable
-  (`sandbox_view.py`, derived once at start-up). /etc, /home, /root, the project tree, other files are absent.
+  root is a tmpfs holding only what this interpreter needs — its stdlib and site-packages, the directories of the
+  shared libraries it loads, /etc/ld.so.cache, /dev/null, zero, full, random, urandom — bind-mounted read-only,
+  a fresh /proc of its own PID namespace (no other process, no host command line) and the scratch directory,
+  writable (`sandbox_view.py`, derived once at start-up). /etc, /home, /root, the project tree, other files are absent.
 - files: an audit hook refuses opening for writing, removing, renaming, chmod… of any path outside the scratch
   directory (after resolving symlinks; hard links to outside files are refused); RLIMIT_FSIZE caps file size.
   Without a filesystem view the hook also refuses reading (open, listing) outside the paths the view would hold
