@@ -8,8 +8,15 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
 - wall clock: the whole process group is killed after `timeout_s`; RLIMIT_CPU stops busy loops as well.
 - memory: RLIMIT_AS (`--memory-mb`, default 512) — a hog gets MemoryError.
 - output: stdout/stderr are read with a cap; past it the rest is dropped and the snippet is stopped.
+- filesystem view: where a mount namespace can be made (root, or unprivileged user namespaces), the snippet's
+  root is a tmpfs holding only what this interpreter needs — its stdlib and site-packages, the directories of the
+  shared libraries it loads, /etc/ld.so.cache, /dev/null, zero, full, random, urandom — bind-mounted read-only,
+  a fresh /proc of its own PID namespace (no other process, no host command line) and the scratch directory,
+  writable (`sandbox_view.py`, derived once at start-up). /etc, /home, /root, the project tree, other files are absent.
 - files: an audit hook refuses opening for writing, removing, renaming, chmod… of any path outside the scratch
   directory (after resolving symlinks; hard links to outside files are refused); RLIMIT_FSIZE caps file size.
+  Without a filesystem view the hook also refuses reading (open, listing) outside the paths the view would hold
+  and the scratch directory — CPython-level only, like the rest of the hook.
 - processes: the audit hook refuses fork/exec/spawn/system/subprocess, and ctypes lookups of fork/exec/syscall/…
   (ctypes itself stays importable: numpy needs it), so a fork bomb cannot start a second process; with a
   per-snippet uid (below) RLIMIT_NPROC caps processes too, and when a PID namespace is available
@@ -17,8 +24,10 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
 - network: a new network namespace (`unshare -n`, needs root or unprivileged user namespaces) when available, and
   in every case the audit hook refuses creating sockets and name lookups (no DNS leaks).
 - signals: the hook refuses kill()/killpg() of any process but the snippet's own.
-When the server runs as root and an unprivileged uid can run this Python (e.g. /usr/bin/python3, a venv outside
-/root), each snippet also runs as its own uid (setpriv), which makes RLIMIT_NPROC and file permissions bite.
+When the server runs as root and an unprivileged uid can run this Python (always inside the filesystem view, whose
+folders on the way to the interpreter are world-traversable; without it, e.g. /usr/bin/python3 or a venv outside
+/root), each snippet drops to a uid of its own once the view is set up, which makes RLIMIT_NPROC and file
+permissions bite, and takes away the privileges that could undo the view.
 Not a boundary against a determined attacker with a kernel exploit: audit hooks are CPython-level; run the server in
 a container or VM for hostile code. Not idempotent and not read-only (snippets may print time or random numbers).
 """
@@ -42,12 +51,24 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
+try:
+    from .sandbox_view import ENTER, FsView, derive_view
+except ImportError:  # run as a file (`python envs/tools/python_sandbox.py`): its folder is sys.path[0]
+    from sandbox_view import ENTER, FsView, derive_view
+
 log = logging.getLogger("rlfactory.envs.tools.python_sandbox")
 
 # The child's first code: limits, then the audit hook, then the snippet. Runs with `python -I -c`.
 BOOT = r'''
 import sys, os, resource, signal, json, builtins
 scratch, cfg = sys.argv[1], json.loads(sys.argv[2])
+if cfg["view"]:
+    _rlfactory_enter_view(cfg["view"], scratch)  # defined by sandbox_view.ENTER, which precedes this code
+del _rlfactory_enter_view
+if cfg["uid"] is not None:
+    os.setgroups([])
+    os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
+    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 os.chdir(scratch)
 for name, value in cfg["rlimits"].items():
     try:
@@ -70,13 +91,16 @@ DENY_SYMBOLS = frozenset({
     "fork", "vfork", "clone", "clone3", "__clone", "_Fork", "execve", "execv", "execvp", "execvpe", "execl",
     "execlp", "execle", "fexecve", "system", "popen", "posix_spawn", "posix_spawnp", "syscall", "socket",
     "socketpair", "connect", "kill", "killpg", "tgkill", "setrlimit", "prlimit", "prlimit64", "setuid", "setgid",
-    "unshare", "setns", "ptrace", "dlopen", "dlsym", "dlvsym", "open", "open64", "openat", "openat64", "creat",
-    "fopen", "fopen64", "unlink", "unlinkat", "rename", "renameat", "mkdir", "rmdir", "chmod", "truncate",
-    "symlink", "link", "mprotect", "PySys_AddAuditHook", "_PySys_ClearAuditHooks"})
+    "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "mknod", "mknodat", "ptrace",
+    "dlopen", "dlsym", "dlvsym", "open", "open64", "openat", "openat64", "creat", "fopen", "fopen64", "unlink",
+    "unlinkat", "rename", "renameat", "mkdir", "rmdir", "chmod", "truncate", "symlink", "link", "mprotect",
+    "PySys_AddAuditHook", "_PySys_ClearAuditHooks"})
 ONE_PATH = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
                       "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree",
                       "sqlite3.connect"})
 TWO_PATHS = frozenset({"os.rename", "os.link"})  # both ends must be inside (a hard link would alias outside)
+# Without a filesystem view: reading (open, listing) is allowed only here, in scratch and from a few devices.
+READABLE = None if cfg["readable"] is None else tuple(p.rstrip("/") for p in cfg["readable"])
 
 # Everything the hook uses is bound as a default argument, and setting attributes of the hook itself is refused,
 # so a snippet rebinding module globals or the hook's __defaults__/__code__ does not change what it checks.
@@ -84,12 +108,20 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
          fsdecode=os.fsdecode, join=os.path.join, getpid=os.getpid, isinstance=isinstance, str=str, int=int, any=any,
          PermissionError=PermissionError, WRITE_FLAGS=WRITE_FLAGS, DENY=DENY,
          ONE_PATH=ONE_PATH, TWO_PATHS=TWO_PATHS, getattr=getattr, DENY_SYMBOLS=DENY_SYMBOLS,
-         DEVICES=("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr")):
-    def inside(path):
+         DEVICES=("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr"), READABLE=READABLE,
+         READ_DEVICES=("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")):
+    def inside(path, also=()):
         if isinstance(path, int):
             return True  # an already-open descriptor
         p = realpath(join(scratch, fsdecode(path)))
-        return p in DEVICES or p == scratch or p.startswith(scratch + "/")
+        return (p in DEVICES or p == scratch or p.startswith(scratch + "/") or p in also
+                or any(p == r or p.startswith(r + "/") for r in (READABLE if also else ())))
+
+    def check_read(path):
+        if READABLE is not None and path is not None and not inside(path, READ_DEVICES):
+            shown = path if isinstance(path, int) else fsdecode(path)
+            raise PermissionError(f"sandbox: reading {shown!r} is not allowed outside the interpreter's files and "
+                                  "the scratch directory")
 
     targets = ()
     if event == "open":
@@ -98,6 +130,10 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
             isinstance(flags, int) and flags & WRITE_FLAGS)
         if writing and path is not None:
             targets = (path,)
+        else:
+            check_read(path)
+    elif event in ("os.listdir", "os.scandir"):
+        check_read("." if args[0] is None else args[0])
     elif event in ONE_PATH:
         targets = args[:1]
     elif event in TWO_PATHS:
@@ -157,11 +193,20 @@ class Isolation:
 
     namespace_prefix: list[str]
     uid_base: int | None
+    view: FsView | None = None
+    no_view_reason: str = ""
+    readable: list[str] | None = None  # without a view: the audit hook refuses reads outside these (and scratch)
 
     def describe(self) -> str:
         parts = ["audit hook", "rlimits"]
         if self.namespace_prefix:
             parts.append("network+PID namespaces")
+        if self.view is not None:
+            parts.append(self.view.describe())
+        else:
+            parts.append("no filesystem view" + (f" ({self.no_view_reason})" if self.no_view_reason else ""))
+            if self.readable is not None:
+                parts.append("reads limited to the interpreter's files (audit hook)")
         if self.uid_base is not None:
             parts.append("per-snippet uid")
         return ", ".join(parts)
@@ -174,22 +219,58 @@ def _works(cmd: list[str]) -> bool:
         return False
 
 
+def _try_snippet(code: str, iso: Isolation) -> tuple[bool, str]:
+    """Run `code` the way a snippet runs, synchronously (start-up probes): (it exited 0, its stdout or stderr)."""
+    base, scratch, cmd, env = _prepare(code, 5.0, Limits(), iso)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=scratch, env=env, timeout=30)
+        return out.returncode == 0, (out.stdout if out.returncode == 0 else out.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, str(e)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_VIEW_CHECK = "import os, json, encodings.idna\nprint(os.path.isdir('/proc/self'))"
+
+
 def probe_isolation() -> Isolation:
     prefix: list[str] = []
+    view, reason = None, "no unshare"
     if shutil.which("unshare"):
         ns = ["unshare", "-n", "--pid", "--fork", "--kill-child"]
         if os.geteuid() != 0:
             ns.insert(1, "-r")  # an unprivileged user namespace, where the kernel allows them
         if _works([*ns, sys.executable, "-I", "-c", "pass"]):
             prefix = ns
+            try:
+                candidate = derive_view()
+            except (OSError, subprocess.SubprocessError) as e:
+                reason = str(e)
+            else:
+                ok, said = _try_snippet(_VIEW_CHECK, Isolation([*ns, "-m"], None, candidate))
+                if ok:
+                    prefix, view = [*ns, "-m"], candidate
+                    view.fresh_proc = said.endswith("True")
+                else:
+                    reason = "a mount namespace failed: " + (said.splitlines() or ["?"])[-1][:200]
+        else:
+            reason = "unshare cannot make namespaces here"
     uid_base = None
-    if os.geteuid() == 0 and shutil.which("setpriv"):
+    if os.geteuid() == 0:
         probe_uid = 200_000
-        if _works([*prefix, "setpriv", f"--reuid={probe_uid}", f"--regid={probe_uid}", "--clear-groups", "--",
-                   sys.executable, "-I", "-c", "import json, encodings.idna"]):
+        if _try_snippet("import json, encodings.idna", Isolation(prefix, probe_uid, view))[0]:
             uid_base = probe_uid
-    return Isolation(prefix, uid_base)
+    return Isolation(prefix, uid_base, view, "" if view else reason, None if view else readable_paths())
 
+
+def readable_paths() -> list[str]:
+    """What the interpreter reads, for the audit hook's fallback where no filesystem view can be made."""
+    try:
+        return [path for path, _, _ in derive_view().binds]
+    except (OSError, subprocess.SubprocessError):
+        paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        return sorted(os.path.realpath(p) for p in paths)
 
 def _format(exit_code: int | None, stdout: str, stderr: str, note: str) -> str:
     parts = [f"exit code: {exit_code}" if exit_code is not None else "exit code: none (killed)"]
@@ -223,31 +304,41 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
+def _prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> tuple[str, str, list[str], dict]:
+    """A fresh folder (its `work/` is the scratch, its `root/` the mount point of the view), the command, the env."""
+    base = os.path.realpath(tempfile.mkdtemp(prefix="rlf-python-"))
+    scratch, root = os.path.join(base, "work"), os.path.join(base, "root")
+    os.mkdir(scratch, 0o700)
+    os.mkdir(root, 0o700)
+    Path(scratch, "main.py").write_text(code, encoding="utf-8")
+    uid = None
+    if iso.uid_base is not None:
+        uid = iso.uid_base + next(_uid_pool)
+        os.chmod(base, 0o711)  # without a view the snippet's uid reaches its scratch through the host's path
+        os.chown(scratch, uid, uid)
+    cfg = {"view": iso.view.spec(root) if iso.view else None, "uid": uid,
+           "readable": None if iso.view else iso.readable, "rlimits": {
+        "RLIMIT_AS": limits.memory_mb * 2**20,
+        "RLIMIT_CPU": int(timeout_s) + 1,
+        "RLIMIT_FSIZE": limits.file_size_mb * 2**20,
+        "RLIMIT_CORE": 0,
+    }}
+    if uid is not None:
+        # Counted per uid: meaningful only for a uid of the snippet's own (root is exempt; a shared user
+        # account may already run more processes than any sane limit).
+        cfg["rlimits"]["RLIMIT_NPROC"] = limits.nproc
+    cmd = [*iso.namespace_prefix, sys.executable, "-I", "-c", ENTER + BOOT, scratch, json.dumps(cfg)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONIOENCODING": "utf-8"}
+    return base, scratch, cmd, env
+
+
 async def run_snippet(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> str:
     timeout_s = float(timeout_s) if math.isfinite(float(timeout_s)) else 5.0
     timeout_s = min(max(timeout_s, 0.1), limits.max_timeout_s)
-    scratch = tempfile.mkdtemp(prefix="rlf-python-")
+    base, scratch, cmd, env = _prepare(code, timeout_s, limits, iso)
     try:
-        Path(scratch, "main.py").write_text(code, encoding="utf-8")
-        cmd = list(iso.namespace_prefix)
-        if iso.uid_base is not None:
-            uid = iso.uid_base + next(_uid_pool)
-            os.chown(scratch, uid, uid)
-            cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        cfg = {"rlimits": {
-            "RLIMIT_AS": limits.memory_mb * 2**20,
-            "RLIMIT_CPU": int(timeout_s) + 1,
-            "RLIMIT_FSIZE": limits.file_size_mb * 2**20,
-            "RLIMIT_CORE": 0,
-        }}
-        if iso.uid_base is not None:
-            # Counted per uid: meaningful only for a uid of the snippet's own (root is exempt; a shared user
-            # account may already run more processes than any sane limit).
-            cfg["rlimits"]["RLIMIT_NPROC"] = limits.nproc
-        cmd += [sys.executable, "-I", "-c", BOOT, scratch, json.dumps(cfg)]
-        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "PYTHONIOENCODING": "utf-8"}
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=scratch, env=env, start_new_session=True,
@@ -288,7 +379,7 @@ async def run_snippet(code: str, timeout_s: float, limits: Limits, iso: Isolatio
         stderr = _cut(err_b, err_n, limits.max_output_chars)
         return _format(exit_code, stdout, stderr, note)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _cut(kept: bytes, total: int, max_chars: int) -> str:
@@ -338,6 +429,7 @@ def main() -> None:
     parser.add_argument("--file-size-mb", type=int, default=_limits.file_size_mb)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)  # the MCP server has already set up the root logger at WARNING
     _limits.memory_mb, _limits.max_timeout_s = args.memory_mb, args.max_timeout_s
     _limits.max_output_chars, _limits.file_size_mb = args.max_output_chars, args.file_size_mb
     _isolation = probe_isolation()

@@ -1,13 +1,18 @@
 """The python sandbox: normal runs, and escape attempts (network, files outside scratch, fork bombs, huge output,
-infinite loops, memory hogs, signals, tampering with the sandbox) — each one contained."""
+infinite loops, memory hogs, signals, tampering with the sandbox, reading host files and other processes' /proc)
+— each one contained."""
 from __future__ import annotations
 
 import asyncio
 import glob
+import importlib.util
+import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 from mcp_helpers import child_pids
@@ -17,11 +22,29 @@ from envs.tools import python_sandbox as sandbox
 
 @pytest.fixture(scope="module", params=["probed", "hook_only"])
 def iso(request) -> sandbox.Isolation:
-    """Every test runs twice: with what this machine allows (namespaces, per-snippet uid when root), and with the
-    audit hook and rlimits alone — what a machine without unshare/setpriv gets."""
+    """Every test runs twice: with what this machine allows (namespaces and the filesystem view, per-snippet uid when
+    root), and with the audit hook (reads limited to the interpreter's files) and rlimits alone — what a machine
+    without unshare gets."""
     if request.param == "hook_only":
-        return sandbox.Isolation(namespace_prefix=[], uid_base=None)
+        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
     return sandbox.probe_isolation()
+
+
+@pytest.fixture(scope="module")
+def viewed() -> sandbox.Isolation:
+    """What this machine allows, where it can make namespaces: then the sandbox must have its own filesystem."""
+    iso = sandbox.probe_isolation()
+    if not iso.namespace_prefix:
+        pytest.skip(f"this machine cannot make namespaces (unshare), so no filesystem view: {iso.describe()}")
+    return iso
+
+
+@pytest.fixture(scope="module", params=["view", "hook_reads"])
+def contained(request) -> sandbox.Isolation:
+    """Both ways host files are kept from a snippet: the filesystem view, and the audit hook's fallback."""
+    if request.param == "hook_reads":
+        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+    return request.getfixturevalue("viewed")
 
 
 async def run(iso, code: str, timeout_s: float = 10, **limits) -> str:
@@ -193,9 +216,121 @@ def test_isolation_description(iso):
     assert text.startswith("audit hook, rlimits")
     if iso.namespace_prefix:
         assert "network+PID namespaces" in text
+    assert ("filesystem view (" in text) == (iso.view is not None)
+    assert ("no filesystem view" in text) == (iso.view is None)
 
 
 async def test_odd_timeouts_fall_back_to_sane_values(iso):
     assert (await run(iso, "print(1)", timeout_s=float("nan"))).startswith("exit code: 0\n--- stdout ---\n1")
     out = await run(iso, "import time\ntime.sleep(5)", timeout_s=-3)  # raised to the 0.1 s floor
     assert "timed out after 0.1 s" in out
+
+
+def _lines(out: str) -> list[str]:
+    assert out.startswith("exit code: 0\n--- stdout ---\n"), out
+    return out.split("--- stdout ---\n", 1)[1].split("--- stderr ---")[0].splitlines()
+
+
+def _needed_under(view, parent: str) -> set[str]:
+    """The entries of `parent` the view must show: the first step towards each bound path or recreated link."""
+    paths = [b[0] for b in view.binds] + list(view.links)
+    return {p[len(parent) + 1:].split("/")[0] for p in paths if p.startswith(parent.rstrip("/") + "/")}
+
+
+async def test_host_files_outside_scratch_cannot_be_read(viewed, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    repo_file = Path(__file__).resolve()
+    readable = [p for p in (str(secret), "/etc/hostname", "/etc/passwd", str(repo_file)) if os.path.isfile(p)]
+    assert str(secret) in readable and str(repo_file) in readable  # the host itself can read these
+    mounts_before = Path("/proc/self/mountinfo").read_text()
+    code = (f"import os\nfor p in {readable!r}:\n"
+            "    try:\n        open(p).read()\n        print('READ', p)\n"
+            "    except OSError as e:\n        print('refused', type(e).__name__)\n")
+    assert _lines(await run(viewed, code)) == ["refused FileNotFoundError"] * len(readable)
+    # Folders show only the steps towards what the interpreter needs (here /root may hold pyenv's Python, the
+    # project tree the venv): nothing else of them.
+    folders = [p for p in ("/root", "/home", "/etc", str(tmp_path), str(repo_file.parents[2]),
+                           os.path.dirname(sys.prefix)) if os.path.isdir(p)]
+    code = (f"import os, json\nfor p in {folders!r}:\n"
+            "    try:\n        print(json.dumps(sorted(os.listdir(p))))\n"
+            "    except OSError as e:\n        print(json.dumps(None))\n")
+    for folder, line in zip(folders, _lines(await run(viewed, code)), strict=True):
+        shown = json.loads(line)
+        needed = _needed_under(viewed.view, folder)
+        assert (shown is None and not needed) or set(shown) == needed, (folder, shown, needed)
+    assert json.loads(line) is not None and os.path.basename(sys.prefix) in json.loads(line)
+    # The view's mounts live in the snippet's own mount namespace: the host's table is untouched.
+    assert Path("/proc/self/mountinfo").read_text() == mounts_before
+
+
+async def test_proc_shows_only_the_snippets_own_processes(viewed):
+    neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "rlf-neighbour-marker"])
+    try:
+        code = ("import os, json\ntry:\n"
+                "    pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+                "    own = open('/proc/self/status').read().count(f'\\nPid:\\t{os.getpid()}\\n')\n"
+                "except FileNotFoundError:\n    pids, own = None, None\n"
+                "print(json.dumps([pids, os.getpid(), own]))\n"
+                f"for pid in ({os.getpid()}, {neighbour.pid}):\n"
+                "    try:\n        print('READ', open(f'/proc/{pid}/cmdline').read())\n"
+                "    except OSError as e:\n        print('refused', type(e).__name__)\n")
+        lines = _lines(await run(viewed, code))
+        pids, pid, own = json.loads(lines[0])
+        if viewed.view is not None and not viewed.view.fresh_proc:
+            assert pids is None  # no /proc could be mounted here (e.g. a user namespace in a container): none at all
+        else:
+            assert pids == [pid]  # nothing but the snippet itself
+            assert own == 1  # and its own /proc entries work
+        assert lines[1:] == ["refused FileNotFoundError", "refused FileNotFoundError"], lines  # test, neighbour
+        assert neighbour.poll() is None
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
+async def test_interpreter_stdlib_and_site_packages_work_inside_the_view(contained):
+    code = ("import os, sys, json, decimal, hashlib, sqlite3, ssl, zlib, lzma\n"
+            "db = sqlite3.connect(':memory:')\nprint(db.execute('select 6 * 7').fetchone()[0])\n"
+            "print(decimal.Decimal('0.1') + decimal.Decimal('0.2'), hashlib.sha256(b'x').hexdigest()[:8])\n"
+            "open('/dev/null', 'w').write('dropped')\nprint(len(open('/dev/urandom', 'rb').read(16)))\n"
+            "print(os.path.exists(sys.executable), os.path.isdir(sys.prefix))\n"
+            "open('kept.txt', 'w').write('scratch ok')\nprint(open('kept.txt').read())\n")
+    if importlib.util.find_spec("numpy") is not None:
+        code += "import numpy\nprint(int(numpy.arange(10).sum()))\n"
+    lines = _lines(await run(contained, code))
+    assert lines[:5] == ["42", "0.3 2d711642", "16", "True True", "scratch ok"]
+    if importlib.util.find_spec("numpy") is not None:
+        assert lines[5] == "45"
+
+
+async def test_the_view_is_read_only_except_the_scratch_directory(viewed):
+    # statvfs reads the mount's own flags: the filesystem layer, independent of the audit hook.
+    code = ("import os, sys\nro = lambda p: bool(os.statvfs(p).f_flag & os.ST_RDONLY)\n"
+            "print(ro('/'), ro(sys.prefix), ro(os.path.dirname(os.__file__)), ro('.'))\n")
+    assert _lines(await run(viewed, code)) == ["True True True False"]
+
+
+async def test_without_a_view_the_hook_refuses_reading_host_files(tmp_path):
+    iso = sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+    assert "reads limited to the interpreter's files" in iso.describe()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    files = [str(secret), f"/proc/{os.getpid()}/cmdline", str(Path(__file__).resolve())]
+    files += [p for p in ("/etc/hostname", "/etc/passwd") if os.path.isfile(p)]
+    code = (f"import os\nfor p in {files!r}:\n"
+            "    try:\n        open(p, 'rb').read()\n        print('READ', p)\n"
+            "    except PermissionError as e:\n        print('refused', 'not allowed outside' in str(e))\n"
+            f"for p in {['/root', str(tmp_path), '/proc']!r}:\n"
+            "    try:\n        print('LISTED', os.listdir(p))\n"
+            "    except PermissionError as e:\n        print('refused', 'not allowed outside' in str(e))\n"
+            "print(open('main.py').read().count('secret') > 0, len(os.listdir('.')))\n")
+    assert _lines(await run(iso, code)) == ["refused True"] * (len(files) + 3) + ["True 1"]
+
+
+def test_start_up_log_line_names_the_active_layers():
+    expected = sandbox.probe_isolation().describe()
+    out = subprocess.run([sys.executable, sandbox.__file__], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "400"})
+    assert out.returncode == 0, out.stderr
+    assert f"python sandbox isolation: {expected}" in " ".join(out.stderr.split())
