@@ -1,6 +1,6 @@
 """`rlfactory report RUN_DIR`: rebuild a run folder's reward-curve PNG and transcript viewers from its files alone.
 
-Left out: dashboards and experiment trackers (TensorBoard reads the events; anything else can read the JSONL).
+Left out: the live page (`rlfactory dashboard`, dashboard.py) and experiment trackers.
 """
 from __future__ import annotations
 
