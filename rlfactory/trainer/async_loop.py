@@ -117,7 +117,7 @@ class AsyncTrainer(LocalTrainer):
         self._catch_sigterm()
         self._restore(self._prepare_run_dir())
         start_step = self.step
-        log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
+        log = MetricsLog.for_recipe(self.recipe, self.out, purge_step=start_step + 1)
         wall0 = time.perf_counter()
         last_eval: dict[str, float] = {}
         bar = StepProgress(self.progress, t.total_steps, start_step)
