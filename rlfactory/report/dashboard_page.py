@@ -11,7 +11,9 @@ Left out: zoom, smoothing controls, run comparison tables.
 from __future__ import annotations
 
 import html
+import json
 
+from rlfactory.report.charts import SECTIONS, ZERO_WHEN_ABSENT
 from rlfactory.report.viewer import VIEWER_CSS
 
 _CSS = """
@@ -42,24 +44,9 @@ _JS = r"""
   var COLORS = ['#2f7de1','#e1572f','#2faa5a','#9b4fd1','#c9a100','#1fb3b3','#d14f8f','#666'];
   var DASHES = ['', '5,3', '2,2', '8,3,2,3'];
   var runs = [], state = [], polls = 0, openId = null;
-  var CURVES = [
-    ['reward', 'reward (mean)', ['reward/mean']],
-    ['loss', 'policy loss', ['loss/pg', 'actor/pg_loss']],
-    ['kl', 'KL', ['loss/kl', 'actor/kl_loss', 'loss/ppo_kl', 'actor/ppo_kl']],
-    ['entropy', 'entropy', ['loss/entropy', 'actor/entropy']]];
-  var TOOLS = [
-    ['tcalls', 'tool calls', ['tools/calls']], ['terrors', 'tool errors', ['tools/errors']],
-    ['ttimeouts', 'timeouts', ['tools/errors_timeout']], ['trestarts', 'server restarts', ['tools/restarts']],
-    ['tcache', 'cache hit rate', ['tools/cache_hit_rate']], ['tlatency', 'mean latency (s)', ['tools/latency_mean_s']]];
-  var SHAPE = [
-    ['turns', 'turns per trajectory', ['rollout/num_turns_mean']],
-    ['tokens', 'response tokens', ['rollout/response_tokens_mean']],
-    ['tpt', 'tool calls per trajectory', ['rollout/tool_calls_mean']]];
-  var ASYNC = [
-    ['stale_tok', 'staleness per token (mean)', ['async/staleness_token_mean']],
-    ['stale_traj', 'staleness per trajectory (max)', ['async/staleness_traj_max']],
-    ['dropped', 'dropped trajectories', ['async/dropped_trajectories']]];
-  var OPTIONAL = {ttimeouts: 0, tcache: 0};  // shown as 0 when a run logs no such key (no timeouts, no cache)
+  var SPEC = JSON.parse(document.getElementById('chart-spec').textContent);  // rlfactory/report/charts.py
+  var OPTIONAL = {};  // shown as 0 when a run logs no such key (no timeouts, no cache)
+  SPEC.zero.forEach(function(id){ OPTIONAL[id] = 0; });
   function $(id){ return document.getElementById(id); }
   function el(tag, attrs, text){
     var e = document.createElement(tag);
@@ -162,12 +149,19 @@ _JS = r"""
     state.forEach(function(st){ st.rows.forEach(function(r){ for (var k in r) if (re.test(k)) seen[k] = 1; }); });
     return Object.keys(seen).sort();
   }
-  function multi(parent, id, title, keys, label){
-    var c = box(parent, id, title), series = [];
+  function multi(parent, spec){
+    var c = box(parent, spec[0], spec[1]), series = [], rx = new RegExp(spec[2]), found = {};
+    state.forEach(function(st){ st.rows.forEach(function(r){
+      for (var k in r) if (!(k in found)) {
+        var m = rx.exec(k);
+        if (m) found[k] = m.slice(1).filter(function(g){ return g; })[0] || k;
+      }
+    }); });
+    var keys = Object.keys(found).sort();
     state.forEach(function(st, i){
       keys.forEach(function(k, j){
         var pts = seriesOf(st.rows, k);
-        if (pts.length) series.push({label: (runs.length > 1 ? runs[i].name + ' ' : '') + label(k),
+        if (pts.length) series.push({label: (runs.length > 1 ? runs[i].name + ' ' : '') + found[k],
                                      color: COLORS[j % COLORS.length], dash: DASHES[i % DASHES.length], pts: pts});
       });
     });
@@ -197,21 +191,19 @@ _JS = r"""
         body.appendChild(tr);
       });
     });
-    var servers = keysLike(/^tools\/.+\/calls$/);
-    multi($('tools'), 'tper', 'calls per tool', servers, function(k){ return k.split('/')[1]; });
   }
   function render(){
-    CURVES.forEach(function(s){ perRun($('learning'), s); });
-    TOOLS.forEach(function(s){ perRun($('tools'), s); });
+    SPEC.sections.forEach(function(sec){
+      var grid = $(sec.id);
+      if (sec.only_if) {
+        var on = keysLike(new RegExp(sec.only_if)).length > 0;
+        $(sec.id + '-section').classList.toggle('hidden-section', !on);
+        if (!on) return;
+      }
+      sec.charts.forEach(function(spec){ perRun(grid, spec); });
+      sec.multi.forEach(function(spec){ multi(grid, spec); });
+    });
     toolTable();
-    SHAPE.forEach(function(s){ perRun($('shape'), s); });
-    multi($('shape'), 'finish', 'finish reasons (trajectories)', keysLike(/^rollout\/finish_/),
-          function(k){ return k.replace('rollout/finish_', ''); });
-    multi($('perf'), 'stages', 'stage times (s)', keysLike(/^(perf\/(?!.*_per_s$).*_s|timing_s\/.*)$/),
-          function(k){ return k.replace(/^perf\//, '').replace(/^timing_s\//, ''); });
-    var isAsync = keysLike(/^async\//).length > 0;
-    $('async-section').classList.toggle('hidden-section', !isAsync);
-    if (isAsync) ASYNC.forEach(function(s){ perRun($('async'), s); });
     var sel = $('f-run');
     if (sel.options.length !== runs.length) {
       sel.innerHTML = '';
@@ -314,23 +306,31 @@ _JS = r"""
 """
 
 
+_TOOL_TABLE = (
+    '<table id="tool-table"><thead><tr><th>run</th><th>tool</th><th>calls</th><th>errors</th><th>error rate</th>'
+    '<th>p50 ms</th><th>p90 ms</th><th>max ms</th><th>sampled calls</th></tr></thead>'
+    '<tbody id="tool-rows"></tbody></table>')
+
+
 def render_page(title: str = "rlfactory dashboard") -> str:
     """The dashboard page: sections for learning curves, tools, rollout shape, stage times, staleness, transcripts."""
     t = html.escape(title)
+    parts = []
+    for sec in SECTIONS:
+        hidden = ' class="hidden-section"' if sec.get("only_if") else ""
+        parts.append(f'<div id="{sec["id"]}-section"{hidden}><h2>{html.escape(sec["title"])}</h2>'
+                     f'<div class="grid" id="{sec["id"]}"></div>')
+        if sec["id"] == "tools":
+            parts.append(_TOOL_TABLE)
+        parts.append("</div>")
+    sections = "".join(parts)
+    spec = json.dumps({"sections": SECTIONS, "zero": ZERO_WHEN_ABSENT}).replace("<", "\\u003c")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{t}</title><style>{VIEWER_CSS}{_CSS}</style></head><body>"
         f'<header><h1>{t}</h1><div id="runs"></div><div id="error"></div></header><main class="dash">'
-        '<h2>Learning: reward, loss, KL, entropy</h2><div class="grid" id="learning"></div>'
-        '<h2>Tools: calls, errors, timeouts, restarts, cache, latency</h2><div class="grid" id="tools"></div>'
-        '<table id="tool-table"><thead><tr><th>run</th><th>tool</th><th>calls</th><th>errors</th><th>error rate</th>'
-        '<th>p50 ms</th><th>p90 ms</th><th>max ms</th><th>sampled calls</th></tr></thead>'
-        '<tbody id="tool-rows"></tbody></table>'
-        '<h2>Rollout shape: turns, tokens, finish reasons, tool calls</h2><div class="grid" id="shape"></div>'
-        '<h2>Stage times</h2><div class="grid" id="perf"></div>'
-        '<div id="async-section" class="hidden-section"><h2>Asynchronous training: staleness</h2>'
-        '<div class="grid" id="async"></div></div>'
+        f"{sections}"
         '<h2>Newest transcripts</h2><div id="filters">'
         '<label>run <select id="f-run"></select></label>'
         '<label>finish <select id="f-finish"><option value="">all</option></select></label>'
@@ -339,5 +339,6 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<label><input id="f-toolerr" type="checkbox"> with a tool error</label><span id="tcount"></span></div>'
         '<table><thead><tr><th>step</th><th>trajectory</th><th>reward</th><th>finish</th><th>turns</th>'
         '<th>tokens</th><th>tool calls</th><th>tool errors</th></tr></thead><tbody id="tlist"></tbody></table>'
-        f'<div id="viewer"></div></main><script>{_JS}</script></body></html>'
+        f'<div id="viewer"></div></main><script type="application/json" id="chart-spec">{spec}</script>'
+        f"<script>{_JS}</script></body></html>"
     )
