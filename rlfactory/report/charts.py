@@ -24,7 +24,8 @@ SECTIONS: list[dict[str, Any]] = [
         ["trestarts", "server restarts", ["tools/restarts"]],
         ["tcache", "cache hit rate", ["tools/cache_hit_rate"]],
         ["tlatency", "mean latency (s)", ["tools/latency_mean_s"]]],
-     "multi": [["tper", "calls per tool", r"^tools/(.+)/calls$"]]},
+     "multi": [["tlatq", "latency quantiles (s, bucket bound)", r"^tools/latency_(p\d+)_s$"],
+               ["tper", "calls per tool", r"^tools/(.+)/calls$"]]},
     {"id": "shape", "title": "Rollout shape: turns, tokens, finish reasons, tool calls", "charts": [
         ["turns", "turns per trajectory", ["rollout/num_turns_mean"]],
         ["tokens", "response tokens", ["rollout/response_tokens_mean"]],

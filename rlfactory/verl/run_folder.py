@@ -35,7 +35,7 @@ from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.tools.manager import combine_counters, tool_metrics
+from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_DIR
 from rlfactory.verl.records import read_records
 

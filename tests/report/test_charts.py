@@ -18,6 +18,10 @@ def _section(sid: str) -> dict:
     return next(s for s in SECTIONS if s["id"] == sid)
 
 
+def _multi(sid: str, chart: str) -> str:
+    return next(m[2] for m in _section(sid)["multi"] if m[0] == chart)
+
+
 def test_a_chart_plots_the_first_name_a_run_logs_so_both_engines_fill_it():
     loss = ["loss/pg", "actor/pg_loss"]
     assert pick_key(LOCAL, loss) == "loss/pg" and pick_key(VERL, loss) == "actor/pg_loss"
@@ -27,9 +31,12 @@ def test_a_chart_plots_the_first_name_a_run_logs_so_both_engines_fill_it():
 
 
 def test_multi_series_charts_label_each_key_by_what_varies():
-    tools = _section("tools")["multi"][0][2]
+    tools = _multi("tools", "tper")
     assert matching(LOCAL, tools) == [("tools/calculator/calls", "calculator"), ("tools/search/calls", "search")]
-    stages = _section("perf")["multi"][0][2]
+    quantiles = _multi("tools", "tlatq")
+    rows = [{"step": 1, "tools/latency_p50_s": 0.01, "tools/latency_p90_s": 0.05, "tools/latency_mean_s": 0.02}]
+    assert matching(rows, quantiles) == [("tools/latency_p50_s", "p50"), ("tools/latency_p90_s", "p90")]
+    stages = _multi("perf", "stages")
     assert matching(LOCAL, stages) == [("perf/rollout_s", "rollout")]  # tokens per second is no stage time
     assert matching(VERL, stages) == [("timing_s/gen", "gen")]
 
