@@ -43,8 +43,7 @@ class Dashboard:
         self._token_text: dict[int, Callable[[int], str] | None] = {}
 
     def page(self) -> str:
-        names = ", ".join(w.run.name for w in self.watches)
-        return render_page(f"rlfactory dashboard: {names}")
+        return render_page("rlfactory dashboard: " + ", ".join(r["name"] for r in self.api("runs", {})))
 
     def _watch(self, q: dict[str, str]) -> tuple[int, RunWatch]:
         try:
@@ -55,7 +54,12 @@ class Dashboard:
 
     def api(self, name: str, q: dict[str, str]) -> Any:
         if name == "runs":
-            return [w.status() for w in self.watches]
+            runs = [w.status() for w in self.watches]
+            names = [r["name"] for r in runs]
+            for r, w in zip(runs, self.watches):  # runs/a/run and runs/b/run: show a/run and b/run
+                if names.count(r["name"]) > 1:
+                    r["name"] = f"{w.run.resolve().parent.name}/{w.run.name}"
+            return runs
         i, w = self._watch(q)
         if name == "metrics":
             epoch = q.get("epoch")

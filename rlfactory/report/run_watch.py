@@ -76,16 +76,11 @@ class RunWatch:
                     "total": len(self._rows)}
 
     def status(self) -> dict[str, Any]:
-        """Name, whether the run has finished (summary.json written), its steps so far and its recipe's total."""
+        """Name (the folder's: runs of one recipe differ by folder), whether the run has finished (summary.json
+        written), its steps so far and its recipe's total."""
         info: dict[str, Any] = {"path": str(self.run), "name": self.run.name, "finished": False,
                                 "total_steps": None, "engine": None}
-        summary = self.run / "summary.json"
-        if summary.is_file():
-            try:
-                s = json.loads(summary.read_text())
-                info.update(finished=True, name=s.get("name", info["name"]))
-            except (json.JSONDecodeError, OSError):
-                pass
+        info["finished"] = (self.run / "summary.json").is_file()
         recipe = self.run / "recipe.yaml"
         if recipe.is_file():
             try:

@@ -144,3 +144,66 @@ def test_a_folder_that_is_not_a_run_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlfactory.cli", "dashboard", str(tmp_path / "missing")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_two_finished_runs_overlay_and_an_async_run_shows_its_staleness(tmp_path, free_port):
+    runs = {"sync": tmp_path / "sync", "async": tmp_path / "async"}
+    for name, k in (("sync", 0), ("async", 1)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlfactory.cli", "train", str(REPO / "recipes/quickstart.yaml"), "--output-dir",
+             str(runs[name]), "--set", "trainer.total_steps=3", "--set", f"trainer.max_staleness_steps={k}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = {name: len(read_metrics(run)) for name, run in runs.items()}
+    dash = subprocess.Popen([sys.executable, "-m", "rlfactory.cli", "dashboard", str(runs["sync"]),
+                             str(runs["async"]), "--port", str(free_port)], cwd=tmp_path,
+                            stdout=(tmp_path / "dash.log").open("w"), stderr=subprocess.STDOUT)
+    browser = None
+    try:
+        url = f"http://127.0.0.1:{free_port}/"
+        wait_for(lambda: _get(url), 120, "the dashboard's page", dash)
+        browser = Browser(tmp_path / "chrome-profile")
+        browser.goto(url)
+        total = steps["sync"] + steps["async"]
+        browser.wait_js(f"window.rlfactoryDashboard && rlfactoryDashboard.points('reward') === {total}", 120,
+                        f"{total} reward points")
+        legend = browser.js("Array.from(document.querySelectorAll('#c-reward .legend span')).map(s => s.textContent)")
+        assert len(legend) == 2 and legend[0].startswith("— sync") and legend[1].startswith("— async")
+        # only the async run logs staleness: its section is shown, with one point per async step
+        assert browser.js("!document.getElementById('async-section').classList.contains('hidden-section')")
+        assert browser.wait_js("rlfactoryDashboard.points('stale_tok')", 60, "staleness points") == steps["async"]
+        assert browser.js("document.getElementById('runs').textContent").count("(finished)") == 2
+        # the transcript list follows the run picked
+        browser.js("var e=document.getElementById('f-run'); e.value='1'; e.dispatchEvent(new Event('change'))")
+        browser.wait_js("Array.from(document.querySelectorAll('#tlist tr')).length > 0 && "
+                        "Array.from(document.querySelectorAll('#tlist tr')).every(r => r.dataset.run === '1')", 60,
+                        "the async run's transcripts")
+    finally:
+        if browser is not None:
+            browser.close()
+        _stop(dash, signal.SIGINT)
+
+
+def test_transcripts_come_newest_first_and_the_filters_narrow_them(tmp_path):
+    from rlfactory.report.transcripts import save_transcripts
+    from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory
+
+    def traj(i: int, reward: float | None, finish: str = "stop", tool_error: bool = False) -> Trajectory:
+        calls = [ToolCallRecord(turn=0, name="calculator", latency_s=0.01 * (i + 1), is_error=tool_error,
+                                error_kind="timeout" if tool_error else None)]
+        return Trajectory(id=f"t{i}", prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], logprobs=[0.0, 0.0],
+                          tool_calls=calls, finish_reason=finish, reward=reward)
+
+    run = tmp_path / "run"
+    save_transcripts(run / "transcripts" / "step_000001.jsonl", [traj(0, 0.0), traj(1, 1.0, "max_turns")])
+    save_transcripts(run / "transcripts" / "step_000002.jsonl", [traj(2, 0.5, tool_error=True), traj(3, None)])
+    w = RunWatch(run)
+    assert [(t["id"], t["step"]) for t in w.transcripts()] == [("t2", 2), ("t3", 2), ("t0", 1), ("t1", 1)]
+    assert [t["id"] for t in w.transcripts(limit=1)] == ["t2"]
+    assert [t["id"] for t in w.transcripts(finish="max_turns")] == ["t1"]
+    assert [t["id"] for t in w.transcripts(reward_min=0.5)] == ["t2", "t1"]  # no reward: left out of a range
+    assert [t["id"] for t in w.transcripts(reward_max=0.5)] == ["t2", "t0"]
+    assert [t["id"] for t in w.transcripts(tool_error=True)] == ["t2"]
+    assert w.transcripts(tool_error=True)[0]["tool_errors"] == 1
+    assert w.trajectory("t1")[0] == 1 and w.trajectory("nope") is None
+    assert sorted(w.tool_latencies()["calculator"]) == pytest.approx([0.01, 0.02, 0.03, 0.04])
