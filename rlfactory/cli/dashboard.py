@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     def dashboard(
         run_dirs: list[Path] = typer.Argument(..., help="Run folders (finished or still training); several overlay."),
         host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-        port: int = typer.Option(8265, min=0, max=65535, help="TCP port (0 = any free port)."),
+        port: int = typer.Option(8766, min=0, max=65535, help="TCP port (0 = any free port; 8265 is Ray's dashboard)."),
     ) -> None:
         """Serve a live page of the runs' curves, tool behaviour, rollout shape, stage times and newest transcripts."""
         from rlfactory.report.dashboard import make_server

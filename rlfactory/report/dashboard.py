@@ -146,7 +146,7 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def make_server(run_dirs: list[str | Path], *, host: str = "127.0.0.1", port: int = 8265,
+def make_server(run_dirs: list[str | Path], *, host: str = "127.0.0.1", port: int = 8766,
                 tokenizers: bool = True) -> ThreadingHTTPServer:
     """The dashboard's HTTP server, bound and ready for `serve_forever()` (port 0 picks a free one)."""
     dash = Dashboard(run_dirs, tokenizers=tokenizers)

@@ -202,8 +202,9 @@ def open_trackers(recipe: Any, run_dir: str | Path, *, purge_step: int | None = 
         close_all(opened)
         raise RLFactoryError(f"trainer.loggers: `{name}` could not start: {e!r} (check trainer.tracking, or "
                              f"remove `{name}` from trainer.loggers)") from e
-    run.mkdir(parents=True, exist_ok=True)
-    ids_path.write_text(json.dumps(ids, indent=1))
+    if ids:
+        run.mkdir(parents=True, exist_ok=True)
+        ids_path.write_text(json.dumps(ids, indent=1))
     logger.info("metrics go to metrics.jsonl and %s", ", ".join(names))
     return opened
 
