@@ -138,6 +138,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 body, code = _clean(dash.api(url.path[len("/api/"):], q)), 200
             except LookupError as e:
                 body, code = {"error": str(e.args[0] if e.args else e)}, 404
+            except ValueError as e:  # a malformed query (since=abc)
+                body, code = {"error": f"bad query {url.query!r}: {e}"}, 400
             self._send(code, json.dumps(body).encode(), "application/json")
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)

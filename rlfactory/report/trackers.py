@@ -120,6 +120,9 @@ class MlflowTracker:
 
 
 class TrackioTracker:
+    """Trackio keeps runs in its own local database (TRACKIO_DIR, by default under ~/.cache/huggingface), not the
+    run folder; `trackio show` opens it. A run of the same name is continued (resume='allow')."""
+
     name = "trackio"
 
     def __init__(self, run_dir: Path, *, project: str, run_name: str, config: dict[str, Any]):

@@ -207,3 +207,39 @@ def test_transcripts_come_newest_first_and_the_filters_narrow_them(tmp_path):
     assert w.transcripts(tool_error=True)[0]["tool_errors"] == 1
     assert w.trajectory("t1")[0] == 1 and w.trajectory("nope") is None
     assert sorted(w.tool_latencies()["calculator"]) == pytest.approx([0.01, 0.02, 0.03, 0.04])
+
+
+def test_the_server_answers_bad_requests_with_clear_errors(tmp_path):
+    import threading
+    import urllib.error
+
+    from rlfactory.report.dashboard import make_server
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": float("nan")}).replace("NaN", "null")
+                                       + "\n")
+    server = make_server([run], port=0, tokenizers=False)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert "reward" in _get(base + "/")
+        assert json.loads(_get(base + "/api/metrics?run=0"))["rows"] == [{"step": 1, "reward/mean": None}]
+        for path, code, text in [("/api/metrics?run=0&since=abc", 400, "bad query"),
+                                 ("/api/metrics?run=3", 404, "runs are 0..0"),
+                                 ("/api/transcript?run=0&id=x", 404, "no saved trajectory"),
+                                 ("/api/nope", 404, "no endpoint"), ("/nope", 404, "not found")]:
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(base + path, timeout=30)
+            assert err.value.code == code and text in json.loads(err.value.read())["error"], path
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+    with pytest.raises(RLFactoryError, match="--port"):  # the port is taken: say so
+        busy = make_server([run], port=0, tokenizers=False)
+        try:
+            make_server([run], port=busy.server_address[1], tokenizers=False)
+        finally:
+            busy.server_close()
