@@ -192,10 +192,6 @@ class LogConfig(Section):
     """Sampled trajectories saved per step for the HTML viewer (0 = none)."""
 
 
-LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
-"""`trainer.loggers` names (rlfactory/report/trackers.py)."""
-
-
 class TrackingConfig(Section):
     """What the experiment trackers of `trainer.loggers` call the run."""
 

@@ -106,6 +106,9 @@ VERL_NAMES = {
     "loss/pg_clipfrac_lower": "actor/pg_clipfrac_lower", "loss/grad_norm": "actor/grad_norm", "loss/lr": "actor/lr",
     "perf/rollout_s": "timing_s/gen", "perf/reward_s": "timing_s/reward", "perf/update_s": "timing_s/update_actor",
     "perf/step_s": "timing_s/step",
+    # verl's one-step off-policy trainer: how many policy versions old a trained trajectory was
+    "async/staleness_traj_max": "training/off_policy/trajectory_staleness/max",
+    "async/staleness_traj_mean": "training/off_policy/trajectory_staleness/mean",
 }
 
 

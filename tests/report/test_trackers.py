@@ -104,8 +104,10 @@ def test_loggers_default_to_jsonl_and_tensorboard_and_conflicts_are_errors():
 def test_a_verl_row_carries_the_local_engines_loss_and_stage_names():
     recipe = Recipe.from_yaml(QUICKSTART)
     verl = {"actor/pg_loss": -0.25, "actor/entropy": 1.5, "actor/ppo_kl": 0.01, "actor/grad_norm": 0.7,
-            "timing_s/step": 3.0, "timing_s/gen": 1.0, "critic/score/mean": 0.5}
+            "timing_s/step": 3.0, "timing_s/gen": 1.0, "critic/score/mean": 0.5,
+            "training/off_policy/trajectory_staleness/max": 1}
     row = step_row(recipe, 1, verl, [], {})
     assert (row["loss/pg"], row["loss/entropy"], row["loss/ppo_kl"], row["perf/step_s"]) == (-0.25, 1.5, 0.01, 3.0)
+    assert row["async/staleness_traj_max"] == 1  # the dashboard's staleness section shows verl's too
     assert row["actor/pg_loss"] == -0.25  # verl's own names stay
     assert all(ours in row for ours, theirs in VERL_NAMES.items() if theirs in verl)
