@@ -101,7 +101,7 @@ _JS = r"""
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
     var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
     if (x1 === x0) { x0 -= 1; x1 += 1; }
-    if (y1 === y0) { var d = Math.abs(y0) * 0.1 || 1; y0 -= d; y1 += d; }
+    if (y1 === y0) { if (y0 === 0) y1 = 1; else { var d = Math.abs(y0) * 0.1; y0 -= d; y1 += d; } }  // 0s: 0..1
     function X(v){ return L + (v - x0) / (x1 - x0) * (W - L - R); }
     function Y(v){ return H - B - (v - y0) / (y1 - y0) * (H - T - B); }
     var NS = 'http://www.w3.org/2000/svg', svg = document.createElementNS(NS, 'svg');
