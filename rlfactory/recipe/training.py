@@ -192,6 +192,23 @@ class LogConfig(Section):
     """Sampled trajectories saved per step for the HTML viewer (0 = none)."""
 
 
+class TrackingConfig(Section):
+    """What the experiment trackers of `trainer.loggers` call the run."""
+
+    project: str | None = None
+    """Project (wandb, Trackio) or experiment (MLflow); empty = the recipe's `name`."""
+    run_name: str | None = None
+    """The run's name in the trackers; empty = the run folder's name."""
+    tags: list[str] = Field(default_factory=list)
+    """Tags of the run (wandb tags, MLflow tags with empty values)."""
+    wandb_mode: Literal["offline", "online"] | None = None
+    """wandb: `offline` (files under <output_dir>/wandb; `wandb sync` uploads them later) or `online` (to the server
+    `wandb login` / WANDB_BASE_URL configure); empty = offline unless WANDB_MODE is set."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow: a tracking server or database URI (`http://host:5000`, `sqlite:///mlflow.db`); empty = a file store
+    in <output_dir>/mlruns."""
+
+
 class TrainerConfig(Section):
     total_steps: int = Field(100, ge=1)
     """Training steps (each: rollouts for `prompts_per_step` prompts, then the policy update)."""
@@ -215,6 +232,13 @@ class TrainerConfig(Section):
     """Seed for data order, sampling and initialisation; the same seed gives the same metrics (also across resume)."""
     log: LogConfig = Field(default_factory=LogConfig)
     """What to log besides metrics.jsonl."""
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]] | None = None
+    """Where each step's metrics go, e.g. [jsonl, tensorboard, wandb, mlflow]: the same names and values to each.
+    metrics.jsonl is always written (the run folder's record). wandb, mlflow: `pip install 'rlfactory[trackers]'`;
+    trackio: `pip install 'rlfactory[trackio]'`. Empty = [jsonl] plus tensorboard unless `log.tensorboard` is false;
+    a recipe that sets `log.tensorboard: true` keeps TensorBoard whatever the list says."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Project, run name and tags the trackers record, wandb's mode, MLflow's store."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the local engine runs: `auto` = the GPU when present."""
     torch_threads: int = Field(1, ge=1)
@@ -232,3 +256,27 @@ class TrainerConfig(Section):
     trained oldest first and one whose oldest token is more than k versions old is dropped (counted in
     `async/dropped_trajectories`); a straggler never holds a step. `wait`: groups are trained in the order they
     started, so none breaks the bound and none is dropped; a straggler holds its step."""
+
+    @model_validator(mode="after")
+    def _check_loggers(self) -> "TrainerConfig":
+        if self.loggers is not None:
+            if len(set(self.loggers)) != len(self.loggers):
+                raise ValueError(f"loggers: {self.loggers} names a logger twice")
+            if "tensorboard" in self.loggers and self._tensorboard_set() is False:
+                raise ValueError("log.tensorboard is false but loggers lists tensorboard: they disagree about "
+                                 "TensorBoard (set only `loggers`)")
+        return self
+
+    def _tensorboard_set(self) -> bool | None:
+        """`log.tensorboard` when the recipe sets it, else None."""
+        return self.log.tensorboard if "tensorboard" in self.log.model_fields_set else None
+
+    def effective_loggers(self) -> list[str]:
+        """jsonl first (always written), then `loggers`; TensorBoard also when the recipe sets `log.tensorboard:
+        true`. Without `loggers`: jsonl, and tensorboard unless `log.tensorboard` is false."""
+        if self.loggers is None:
+            return ["jsonl"] + (["tensorboard"] if self.log.tensorboard else [])
+        names = ["jsonl"] + [n for n in self.loggers if n != "jsonl"]
+        if "tensorboard" not in names and self._tensorboard_set():
+            names.insert(1, "tensorboard")
+        return names

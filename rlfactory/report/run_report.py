@@ -1,6 +1,7 @@
-"""`rlfactory report RUN_DIR`: rebuild a run folder's reward-curve PNG and transcript viewers from its files alone.
+"""`rlfactory report RUN_DIR`: rebuild a run folder's reward-curve PNG, the dashboard's charts as PNGs and the
+transcript viewers from its files alone.
 
-Left out: dashboards and experiment trackers (TensorBoard reads the events; anything else can read the JSONL).
+Left out: the live page (`rlfactory dashboard`, dashboard.py) and experiment trackers.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from rlfactory.errors import RLFactoryError
 from rlfactory.models.loading import load_tokenizer
 from rlfactory.recipe.schema import Recipe
+from rlfactory.report.chart_pngs import plot_charts
 from rlfactory.report.metrics import read_metrics
 from rlfactory.report.plots import plot_rewards
 from rlfactory.report.transcripts import load_transcripts
@@ -30,8 +32,10 @@ def _run_tokenizer(run: Path) -> Any | None:
         return None
 
 
-def write_report(run_dir: str | Path, *, tokenizer: Any | None = None) -> list[Path]:
-    """Regenerate `reward_curve.png` and `transcripts.html` (plus `eval.html` when eval transcripts exist)."""
+def write_report(run_dir: str | Path, *, tokenizer: Any | None = None, charts: bool = False) -> list[Path]:
+    """Regenerate `reward_curve.png` and `transcripts.html` (plus `eval.html` when eval transcripts exist); with
+    `charts`, also the dashboard's charts as `charts_<section>.png` (`rlfactory report` asks for them; the end of a
+    training run does not, so it costs training nothing)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise RLFactoryError(f"{run}: not a folder (pass the run folder written by `rlfactory train`)")
@@ -45,6 +49,8 @@ def write_report(run_dir: str | Path, *, tokenizer: Any | None = None) -> list[P
             name += (f" — first-5 {s['reward_first5']:.3f}, last-5 {s['reward_last5']:.3f}, "
                      f"rise {s['reward_rise']:+.3f}")
     files = [plot_rewards(rows, run / "reward_curve.png", title=name)]
+    if charts:
+        files.extend(plot_charts(rows, run, title=run.name))
     trajs = load_transcripts(run / "transcripts")
     if tokenizer is None and trajs:
         tokenizer = _run_tokenizer(run)

@@ -8,7 +8,7 @@ trajectory to a per-token view (one box per token, coloured by its mask bit) whe
 Everything is rendered server-side with `html.escape`; the JS only filters and toggles, and the per-token data sits
 in `<script type="application/json">` blocks with `<`, `>` and `&` escaped, so transcript text cannot inject markup.
 
-Left out: live updates, charts, diffing two runs.
+Left out: live updates and charts (the dashboard, dashboard.py, embeds single trajectories from here).
 """
 from __future__ import annotations
 
@@ -208,6 +208,22 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
             f'{"".join(parts)}</section>')
 
 
+VIEWER_CSS = _CSS
+"""The viewer's styles, for pages that embed single trajectories (the dashboard)."""
+
+
+def trajectory_html(t: Trajectory, *, index: int = 0, token_text: Callable[[int], str] | None = None) -> str:
+    """One trajectory's `<section class="traj">` as the viewer renders it (turns, calls, reward, per-token data)."""
+    return _render_trajectory(index, t, token_text)
+
+
+def token_text_of(tokenizer: Any | None) -> Callable[[int], str] | None:
+    """`token_text(id)` for the per-token view from a tokenizer (None without one: the view shows ids)."""
+    if tokenizer is None:
+        return None
+    return lambda tid: tokenizer.decode([tid], skip_special_tokens=False)
+
+
 def render_html(
     trajectories: Iterable[Trajectory], *, title: str = "rlfactory rollouts",
     token_text: Callable[[int], str] | None = None,
@@ -242,9 +258,7 @@ def write_html(
 ) -> Path:
     """Write the viewer for `trajectories` to `path` (one self-contained file). With `tokenizer`, the per-token view
     shows token texts; without, token ids."""
-    token_text = None
-    if tokenizer is not None:
-        token_text = lambda tid: tokenizer.decode([tid], skip_special_tokens=False)  # noqa: E731
+    token_text = token_text_of(tokenizer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(trajectories, title=title, token_text=token_text), encoding="utf-8")

@@ -34,6 +34,7 @@ from rlfactory.errors import ToolServerError
 from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, ToolCache, cache_key
 from rlfactory.tools.cache.single_flight import SingleFlight, cached_call
+from rlfactory.tools.counters import count_result, empty_counters, tool_metrics
 from rlfactory.tools.format import cap_output
 from rlfactory.tools.mcp_client import error_result
 from rlfactory.tools.mcp_configs import ServerConfig, load_mcp_configs, load_recipe_servers
@@ -309,71 +310,10 @@ class ToolManager:
                 "infra_errors": c["infra_errors"], "retried": c["retried"],
                 "restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
                 "error_kinds": dict(c["error_kinds"]),
-                "per_server": {name: list(v) for name, v in c["per_server"].items()}}
+                "per_server": {name: list(v) for name, v in c["per_server"].items()},
+                "latency_hist": list(c["latency_hist"])}
 
     def metrics(self) -> dict[str, float]:
         """`tools/*` counters since the last reset: calls, errors (also by kind), cache hit rate, mean latency,
         restarts (servers lost since the reset, whether or not they are back yet), and per-server calls and errors."""
         return tool_metrics(self.counters())
-
-
-def empty_counters() -> dict[str, Any]:
-    """Zeroed counters in the shape of `ToolManager.counters()`."""
-    return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "infra_errors": 0, "retried": 0, "restarts": 0,
-            "error_kinds": Counter(), "per_server": {}}
-
-
-def count_result(c: dict[str, Any], result: ToolResult) -> None:
-    """Add one call's result to counters `c` (a ToolManager's, or those of one GRPO group's calls)."""
-    c["calls"] += 1
-    c["latency_sum_s"] += result.latency_s
-    if result.cached:
-        c["hits"] += 1
-    if result.retried:
-        c["retried"] += 1
-    if result.infra:
-        c["infra_errors"] += 1
-    per = c["per_server"].setdefault(result.server or "_unknown", [0, 0])
-    per[0] += 1
-    if result.is_error:
-        c["errors"] += 1
-        per[1] += 1
-        c["error_kinds"][result.error_kind or "unknown"] += 1
-
-
-def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
-    """`tools/*` metrics from `ToolManager.counters()` (or sums and differences of them)."""
-    calls = c["calls"]
-    out: dict[str, float] = {
-        "tools/calls": calls,
-        "tools/errors": c["errors"],
-        "tools/cache_hit_rate": c["hits"] / calls if calls else 0.0,
-        "tools/latency_mean_s": c["latency_sum_s"] / calls if calls else 0.0,
-        "tools/restarts": c["restarts"],
-        "tools/infra_errors": c.get("infra_errors", 0),
-        "tools/retried": c.get("retried", 0),
-    }
-    for kind, n in sorted(c["error_kinds"].items()):
-        out[f"tools/errors_{kind}"] = n
-    for server, (n, errors) in sorted(c["per_server"].items()):
-        out[f"tools/{server}/calls"] = n
-        out[f"tools/{server}/errors"] = errors
-    return out
-
-
-def combine_counters(items: list[dict[str, Any]], *, minus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The sum of counter snapshots, less the sum of `minus` (e.g. each worker's last snapshot at the previous step)."""
-    total = empty_counters()
-    for sign, group in ((1, items), (-1, minus or [])):
-        for c in group:
-            for key in ("calls", "errors", "hits", "latency_sum_s", "infra_errors", "retried", "restarts"):
-                total[key] += sign * c.get(key, 0)
-            for kind, n in c["error_kinds"].items():
-                total["error_kinds"][kind] += sign * n
-            for server, (n, errors) in c["per_server"].items():
-                per = total["per_server"].setdefault(server, [0, 0])
-                per[0] += sign * n
-                per[1] += sign * errors
-    total["error_kinds"] = {k: n for k, n in total["error_kinds"].items() if n}
-    total["per_server"] = {k: v for k, v in total["per_server"].items() if v[0] or v[1]}
-    return total

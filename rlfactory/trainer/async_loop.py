@@ -36,7 +36,7 @@ from rlfactory.report.metrics import MetricsLog
 from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
-from rlfactory.tools.manager import combine_counters, tool_metrics
+from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.trainer.generator import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
@@ -117,7 +117,7 @@ class AsyncTrainer(LocalTrainer):
         self._catch_sigterm()
         self._restore(self._prepare_run_dir())
         start_step = self.step
-        log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
+        log = MetricsLog.for_recipe(self.recipe, self.out, purge_step=start_step + 1)
         wall0 = time.perf_counter()
         last_eval: dict[str, float] = {}
         bar = StepProgress(self.progress, t.total_steps, start_step)

@@ -360,7 +360,7 @@ class _GroupTools:
     the step's own groups' calls, as in a synchronous step)."""
 
     def __init__(self, tools: Any):
-        from rlfactory.tools.manager import empty_counters
+        from rlfactory.tools.counters import empty_counters
 
         self.tools = tools
         self.counts = empty_counters()
@@ -369,14 +369,14 @@ class _GroupTools:
         return getattr(self.tools, name)
 
     async def call(self, call: Any) -> Any:
-        from rlfactory.tools.manager import count_result
+        from rlfactory.tools.counters import count_result
 
         result = await self.tools.call(call)
         count_result(self.counts, result)
         return result
 
     async def call_many(self, calls: Any) -> Any:
-        from rlfactory.tools.manager import count_result
+        from rlfactory.tools.counters import count_result
 
         results = await self.tools.call_many(calls)
         for result in results:

@@ -165,7 +165,8 @@ class LocalTrainer:
                 logger.warning("starting a fresh run in %s: the previous run's metrics and checkpoints are "
                                "replaced (pass --resume to continue it)", self.out)
 
-            for name in ("metrics.jsonl", "summary.json", "tensorboard", "transcripts", "checkpoints", "eval"):
+            for name in ("metrics.jsonl", "summary.json", "tensorboard", "transcripts", "checkpoints", "eval",
+                         "trackers.json", "wandb", "mlruns"):  # a fresh run is a new run in the trackers too
                 p = self.out / name
                 if p.is_dir():
                     shutil.rmtree(p)
@@ -345,7 +346,7 @@ class LocalTrainer:
         self._catch_sigterm()
         self._prepare_run_dir()
         start_step = self.step
-        log = MetricsLog(self.out, tensorboard=t.log.tensorboard, purge_step=start_step + 1)
+        log = MetricsLog.for_recipe(r, self.out, purge_step=start_step + 1)
         wall0 = time.perf_counter()
         last_eval: dict[str, float] = {}
         bar = StepProgress(self.progress, t.total_steps, start_step)

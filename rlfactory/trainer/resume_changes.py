@@ -25,6 +25,8 @@ APPLIED: dict[str, str] = {
     "trainer.keep_checkpoints": "pruning keeps the new number",
     "trainer.eval_every_steps": "evaluation follows the new interval",
     "trainer.log.": "logging only",
+    "trainer.loggers": "logging only (trackers added on resume get the steps from the resumed one on)",
+    "trainer.tracking.": "logging only",
     "trainer.torch_threads": "speed only",
     "trainer.split_cores": "speed only",
     "algorithm.learning_rate": "the optimizer uses it from the resumed step on (the warm-up schedule continues)",

@@ -325,7 +325,7 @@ def verl_settings(recipe: Recipe, files: VerlFiles, *, train_rows: int, resume: 
         "trainer.val_before_train": bool(t.eval_every_steps and recipe.data.val_file),
         "trainer.project_name": "rlfactory",
         "trainer.experiment_name": recipe.name,
-        "trainer.logger": ["console", "file"] + (["tensorboard"] if t.log.tensorboard else []),
+        "trainer.logger": ["console", "file"] + (["tensorboard"] if "tensorboard" in t.effective_loggers() else []),
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.max_actor_ckpt_to_keep": t.keep_checkpoints,
         # verl's own record of what each step trained on (its format; rlfactory writes transcripts/ as Trajectories)

@@ -6,13 +6,15 @@ agent-loop workers write one line per trajectory (`records.py`). A thread in the
     metrics.jsonl         one object per step: verl's metrics under their own names (`actor/*`, `critic/*`,
                           `training/rollout_actor_probs_pearson_corr`, `timing_s/*`, `trajectory_staleness/*`, ...)
                           and rlfactory's `reward/*`, `rollout/*` and `tools/*`, computed by the same functions as on
-                          the local engine, plus `horizon` and `horizon_stage`
+                          the local engine, plus `horizon` and `horizon_stage`; verl's losses and stage times are
+                          copied under the local engine's names too (`loss/pg`, `perf/step_s`, ...: VERL_NAMES)
     transcripts/          `transcripts_per_step` trajectories of each step (the viewer's input)
     summary.json, reward_curve.png, transcripts.html     when the run ends (`rlfactory report` rebuilds the last two)
 
 verl's checkpoints live in `checkpoints/` (its own layout). On `--resume`, rows and transcripts after verl's last
 checkpoint belong to steps that will run again: they are dropped before the run continues, so no step is counted
-twice. Left out: TensorBoard events for rlfactory's metrics (verl writes its own under `tensorboard/`).
+twice. The other trackers of `trainer.loggers` (wandb, MLflow, Trackio) get every row as it is written. Left out:
+TensorBoard events for rlfactory's metrics (verl writes its own under `tensorboard/`).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.tools.manager import combine_counters, tool_metrics
+from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_DIR
 from rlfactory.verl.records import read_records
 
@@ -65,7 +67,8 @@ def drop_steps_after(run_dir: str | Path, step: int) -> None:
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "reward_curve.png", "transcripts.html", "eval.html", "transcripts",
-               "rollouts", "checkpoints", "tensorboard", VERL_METRICS_DIR, VERL_GENERATIONS_DIR)
+               "rollouts", "checkpoints", "tensorboard", "trackers.json", "wandb", "mlruns", VERL_METRICS_DIR,
+               VERL_GENERATIONS_DIR)
 """What a run leaves in its folder (the inputs `prepare` writes stay)."""
 
 
@@ -96,6 +99,19 @@ def latest_counters(records: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     return latest
 
 
+# rlfactory's metric name -> verl's name for the same quantity (verl's own names stay in the row as well).
+VERL_NAMES = {
+    "loss/pg": "actor/pg_loss", "loss/entropy": "actor/entropy", "loss/ppo_kl": "actor/ppo_kl",
+    "loss/kl": "actor/kl_loss", "loss/pg_clipfrac": "actor/pg_clipfrac",
+    "loss/pg_clipfrac_lower": "actor/pg_clipfrac_lower", "loss/grad_norm": "actor/grad_norm", "loss/lr": "actor/lr",
+    "perf/rollout_s": "timing_s/gen", "perf/reward_s": "timing_s/reward", "perf/update_s": "timing_s/update_actor",
+    "perf/step_s": "timing_s/step",
+    # verl's one-step off-policy trainer: how many policy versions old a trained trajectory was
+    "async/staleness_traj_max": "training/off_policy/trajectory_staleness/max",
+    "async/staleness_traj_mean": "training/off_policy/trajectory_staleness/mean",
+}
+
+
 def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: list[dict[str, Any]],
              previous_counters: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     """One metrics.jsonl row: verl's metrics of `step` and rlfactory's, from the trajectories recorded for it.
@@ -103,6 +119,9 @@ def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: l
     `previous_counters` holds each worker's last tool counters before this step; it is updated in place."""
     row: dict[str, Any] = {"step": step}
     row.update(verl_metrics)
+    for ours, theirs in VERL_NAMES.items():  # the local engine's names too, so trackers and the dashboard match
+        if ours not in row and theirs in verl_metrics:
+            row[ours] = verl_metrics[theirs]
     if records:
         trajs = [Trajectory.model_validate(r["trajectory"]) for r in records]
         scored = [r["reward_metrics"] for r in records if r.get("reward_metrics")]
@@ -192,7 +211,8 @@ class RunFolderWriter:
                                      if r.get("reward/mean") is not None]
         self._counters: dict[Any, dict[str, Any]] = {}
         self._primed = False
-        self._log = MetricsLog(self.run, tensorboard=False)
+        # verl writes its own TensorBoard events; the other trackers get rlfactory's rows, as from the local engine.
+        self._log = MetricsLog.for_recipe(recipe, self.run, exclude=("tensorboard",))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.perf_counter()

@@ -88,6 +88,7 @@ async def test_metrics_count_calls_errors_and_servers(tm):
     assert m["tools/errors_bad_arguments"] == 1 and m["tools/errors_unknown_tool"] == 1
     assert m["tools/tb/calls"] == 2 and m["tools/tb/errors"] == 1 and m["tools/tb2/calls"] == 1
     assert m["tools/cache_hit_rate"] == 0.0 and m["tools/latency_mean_s"] > 0 and m["tools/restarts"] == 0
+    assert 0 < m["tools/latency_p50_s"] <= m["tools/latency_p90_s"] <= m["tools/latency_p99_s"]
     tm.reset_metrics()
     assert tm.metrics()["tools/calls"] == 0
 

@@ -16,7 +16,7 @@ def rows_of(run: Path) -> list[dict]:
 def comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(NON_DETERMINISTIC_PREFIXES)
             and k not in ("rollout/wall_s", "rollout/generate_s_mean", "rollout/tools_s_mean",
-                          "tools/latency_mean_s")}
+                          "tools/latency_mean_s") and not k.startswith("tools/latency_p")}
 
 
 def assert_same_metrics(a: dict, b: dict) -> None:

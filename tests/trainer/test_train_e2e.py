@@ -55,6 +55,7 @@ def test_cli_train_leaves_a_complete_run_folder(straight_run):
     assert (straight_run / "checkpoints" / "latest").read_text() == f"step_{STEPS:06d}"
     assert (straight_run / "checkpoints" / f"step_{STEPS:06d}" / "model" / "config.json").is_file()
     assert (straight_run / "recipe.yaml").is_file()
+    assert not list(straight_run.glob("charts_*.png"))  # the charts are `report`'s: training's end skips them
 
 
 def test_report_regenerates_plot_and_viewer(straight_run):
@@ -64,6 +65,12 @@ def test_report_regenerates_plot_and_viewer(straight_run):
     assert proc.returncode == 0, proc.stderr
     assert (straight_run / "reward_curve.png").is_file() and (straight_run / "transcripts.html").is_file()
     assert "token ids only" not in (straight_run / "transcripts.html").read_text()  # the run's tokenizer was found
+    # the dashboard's charts as PNGs, one per section with data (a synchronous run has no staleness section)
+    charts = sorted(p.name for p in straight_run.glob("charts_*.png"))
+    assert charts == ["charts_learning.png", "charts_perf.png", "charts_shape.png", "charts_tools.png"]
+    for name in charts:
+        assert (straight_run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {straight_run / name}" in \
+            proc.stdout.replace("\n", "")
     bad = rlf("report", str(straight_run.parent / "nope"), timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
 

@@ -1,0 +1,179 @@
+"""Reading a run folder while it is written: metrics.jsonl rows from a byte offset, and the newest transcripts.
+
+The dashboard polls these; they only read what the trainer already writes (metrics.jsonl, transcripts/step_*.jsonl,
+summary.json), so watching a run costs the trainer nothing. A metrics line still being written (no newline yet) is
+left for the next read; a file that shrank (a resumed run truncates rows past its checkpoint) is read again from the
+start, and the reader reports that with `reset`.
+
+Left out: TensorBoard events and checkpoints (the dashboard shows what the JSONL files hold).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from rlfactory.errors import RLFactoryError
+from rlfactory.rollout.trajectory import Trajectory
+
+
+def check_run_dir(path: str | Path) -> Path:
+    """`path` as a run folder, or a clear error (a live run may not have written metrics.jsonl yet: that is fine)."""
+    run = Path(path)
+    if not run.is_dir():
+        raise RLFactoryError(f"{run}: not a folder (pass a run folder written by `rlfactory train`, e.g. "
+                             f"runs/quickstart)")
+    if not any((run / name).exists() for name in ("metrics.jsonl", "recipe.yaml", "transcripts")):
+        raise RLFactoryError(f"{run}: no metrics.jsonl, recipe.yaml or transcripts/ here: is it a run folder? "
+                             f"(`rlfactory train` writes them to trainer.output_dir or --output-dir)")
+    return run
+
+
+class RunWatch:
+    """One run folder, read incrementally. Thread-safe: the dashboard's HTTP threads share one per run."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run = check_run_dir(run_dir)
+        self._lock = threading.Lock()
+        self._rows: list[dict[str, Any]] = []
+        self._offset = 0  # bytes of metrics.jsonl already parsed (whole lines only)
+        self._epoch = 0  # bumped when the file is read again from the start
+        self._traj_files: dict[str, tuple[float, list[Trajectory]]] = {}
+
+    # -- metrics ---------------------------------------------------------------------------------------------------
+    def _refresh_metrics(self) -> None:
+        path = self.run / "metrics.jsonl"
+        if not path.is_file():
+            return
+        size = path.stat().st_size
+        if size < self._offset:  # truncated by a resume: start over
+            self._rows, self._offset, self._epoch = [], 0, self._epoch + 1
+        if size == self._offset:
+            return
+        with path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read(size - self._offset)
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return  # only a partial line so far
+        for line in chunk[:end].splitlines():
+            if line.strip():
+                try:
+                    self._rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a torn line (not expected: the trainer writes whole lines)
+                    continue
+        self._offset += end + 1
+
+    def metrics(self, since: int = 0, epoch: int | None = None) -> dict[str, Any]:
+        """Rows from index `since` on. When the file was rewritten since the caller's `epoch`, all rows come back
+        with `reset: true`."""
+        with self._lock:
+            self._refresh_metrics()
+            reset = epoch is not None and epoch != self._epoch
+            start = 0 if reset else max(0, since)
+            return {"epoch": self._epoch, "reset": reset, "from": start, "rows": self._rows[start:],
+                    "total": len(self._rows)}
+
+    def status(self) -> dict[str, Any]:
+        """Name (the folder's: runs of one recipe differ by folder), whether the run has finished (summary.json
+        written), its steps so far and its recipe's total."""
+        info: dict[str, Any] = {"path": str(self.run), "name": self.run.name, "finished": False,
+                                "total_steps": None, "engine": None}
+        info["finished"] = (self.run / "summary.json").is_file()
+        recipe = self.run / "recipe.yaml"
+        if recipe.is_file():
+            try:
+                import yaml
+
+                r = yaml.safe_load(recipe.read_text()) or {}
+                info["total_steps"] = (r.get("trainer") or {}).get("total_steps")
+                info["engine"] = r.get("engine")
+                info["recipe_name"] = r.get("name")
+            except (yaml.YAMLError, OSError, AttributeError):
+                pass
+        with self._lock:
+            self._refresh_metrics()
+            info["steps"] = len(self._rows)
+        return info
+
+    # -- transcripts -----------------------------------------------------------------------------------------------
+    def _step_files(self) -> list[Path]:
+        return sorted((self.run / "transcripts").glob("step_*.jsonl"), reverse=True)
+
+    def _load(self, path: Path) -> list[Trajectory]:
+        mtime = path.stat().st_mtime
+        cached = self._traj_files.get(path.name)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        trajs = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    trajs.append(Trajectory.model_validate_json(line))
+                except ValueError:  # a file being written: read it again next time
+                    return cached[1] if cached else []
+        self._traj_files[path.name] = (mtime, trajs)
+        return trajs
+
+    def transcripts(self, *, limit: int = 50, finish: str | None = None, reward_min: float | None = None,
+                    reward_max: float | None = None, tool_error: bool = False) -> list[dict[str, Any]]:
+        """Summaries of the newest saved trajectories (newest step first) that pass the filters."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for path in self._step_files():
+                step = _step_of(path)
+                for t in self._load(path):
+                    if not _keep(t, finish, reward_min, reward_max, tool_error):
+                        continue
+                    out.append(summarize(t, step))
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def trajectory(self, traj_id: str) -> tuple[int, Trajectory] | None:
+        with self._lock:
+            for path in self._step_files():
+                for t in self._load(path):
+                    if t.id == traj_id:
+                        return _step_of(path), t
+        return None
+
+    def tool_latencies(self, max_files: int = 50) -> dict[str, list[float]]:
+        """Latency (s) of every tool call in the newest saved transcripts, per tool: the dashboard's distribution
+        (metrics.jsonl holds the per-step mean)."""
+        out: dict[str, list[float]] = {}
+        with self._lock:
+            for path in self._step_files()[:max_files]:
+                for t in self._load(path):
+                    for c in t.tool_calls:
+                        if not c.cached:
+                            out.setdefault(c.name, []).append(c.latency_s)
+        return out
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.stem.split("_", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _keep(t: Trajectory, finish: str | None, lo: float | None, hi: float | None, tool_error: bool) -> bool:
+    if finish and t.finish_reason != finish:
+        return False
+    if lo is not None and (t.reward is None or t.reward < lo):
+        return False
+    if hi is not None and (t.reward is None or t.reward > hi):
+        return False
+    if tool_error and not any(c.is_error for c in t.tool_calls):
+        return False
+    return True
+
+
+def summarize(t: Trajectory, step: int) -> dict[str, Any]:
+    """The transcript list's row for one trajectory."""
+    return {"id": t.id, "step": step, "task_id": t.task_id, "reward": t.reward, "finish": t.finish_reason,
+            "turns": t.num_turns, "response_tokens": len(t.response_ids), "tool_calls": len(t.tool_calls),
+            "tool_errors": sum(1 for c in t.tool_calls if c.is_error),
+            "tools": sorted({c.name for c in t.tool_calls})}
