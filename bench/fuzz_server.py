@@ -9,6 +9,7 @@ Cases (each deterministic in `seed`):
   JSON escapes `\\udcXX` that no UTF-8 encoder accepts.
 - `raw_bytes`: a reply line written straight to stdout whose bytes are not UTF-8 at all.
 - `nested`: deeply nested JSON, as text and as structured content.
+- `plain`: 200 ordinary words (the benign baseline).
 - `fuzz`: a seeded mix of the above at small sizes and of what else tools send: chat-template markup
   (`<|im_end|>`, `</tool_response>`, `<tool_call>`), empty and many content blocks, error results, very long
   lines, emoji and combining marks, right-to-left text, random JSON.
@@ -123,6 +124,8 @@ def emit(rid: object, case: str, seed: int) -> None:
         depth = 100_000
         head = json.dumps({"jsonrpc": "2.0", "id": rid, "result": _text(_nested(depth))})[:-2]
         _send((head + ', "structuredContent": {"deep": ' + _nested(depth) + "}}}\n").encode())
+    elif case == "plain":  # benign: the same size of response, for a baseline
+        _reply(rid, _text(" ".join(f"word{rng.randrange(1000)}" for _ in range(200))))
     elif case == "fuzz":
         _reply(rid, _fuzz(rng), ensure_ascii=rng.random() < 0.5)
     else:
@@ -130,7 +133,7 @@ def emit(rid: object, case: str, seed: int) -> None:
 
 
 TOOL = {"name": "emit", "description": "Return a hostile output of kind `case` (huge, binary, invalid_utf8, "
-        "raw_bytes, nested, fuzz).", "inputSchema": {"type": "object", "required": ["case", "seed"], "properties": {
+        "raw_bytes, nested, plain, fuzz).", "inputSchema": {"type": "object", "properties": {
             "case": {"type": "string"}, "seed": {"type": "integer"}}}}
 
 
