@@ -51,6 +51,7 @@ bench: install
 	$(PY) bench/hf_decode.py --json bench/results/hf_decode.json
 	$(PY) bench/verl_engine.py --json bench/results/verl_engine.json
 	$(PY) bench/async_train.py --json bench/results/async_train.json
+	$(PY) bench/chaos.py --json bench/results/chaos.json
 
 gpu-check: install
 	$(PY) bench/gpu_check.py
