@@ -9,6 +9,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from rlfactory.errors import RLFactoryError
+
+
+class EnvError(RLFactoryError):
+    """An environment could not do what was asked (its server is unreachable or answered with an error). The MCP
+    env servers answer it as an error result carrying the message, never as an observation: a failed `reset`
+    makes the trajectory an error (counted in `rollout/errors`), a failed `step` is a tool error the policy sees."""
+
 
 class StepResult(BaseModel):
     """What the agent sees after `reset` or `step`."""

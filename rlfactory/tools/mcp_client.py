@@ -215,6 +215,28 @@ class MCPConnection:
                 return specs
             params = mcp_types.PaginatedRequestParams(cursor=page.next_cursor)
 
+    async def resource_uris(self) -> list[str]:
+        """The URIs of the resources the server lists (empty when it serves none)."""
+        session = self._session()
+        uris: list[str] = []
+        params = None
+        while True:
+            try:
+                page = await session.list_resources(params=params)
+            except MCPError as e:
+                if e.code == mcp_types.METHOD_NOT_FOUND:  # a server without resources
+                    return uris
+                raise
+            uris.extend(str(r.uri) for r in page.resources)
+            if not page.next_cursor:
+                return uris
+            params = mcp_types.PaginatedRequestParams(cursor=page.next_cursor)
+
+    async def read_text_resource(self, uri: str) -> str:
+        """The text of resource `uri` (its text parts joined)."""
+        result = await self._session().read_resource(uri)
+        return "".join(getattr(c, "text", "") or "" for c in result.contents)
+
     async def call(self, tool: str, arguments: dict[str, Any], name: str, timeout_s: float) -> ToolResult:
         """Call a tool; a tool failure or a timeout is an error result; a dead session raises ConnectionLost."""
         session = self.session

@@ -8,6 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+HEALTH_URI = "rlfactory://health"
+"""A server may publish this resource (JSON `{"ok": bool, "detail": str}`) to say whether what it fronts is usable
+(e.g. the AgentGym bridge's upstream HTTP server); `rlfactory setup-mcp` reads it and fails the server when not ok.
+A resource, not a tool, so the policy never sees it."""
+
 
 class ToolSpec(BaseModel):
     """A tool as the policy sees it. `name` is what the model must call: the bare tool name when unique across

@@ -230,3 +230,22 @@ async def test_episodes_close_whatever_ends_the_trajectory(tok):
     assert [t.finish_reason for t in errored] == ["error", "error"]
     assert all("engine failure" in t.error and len(t.tool_calls) == 2 for t in errored)
     assert [t.finish_reason for t in horizon_hit] == ["max_turns", "max_turns"]
+
+
+async def test_a_failed_reset_is_a_counted_error_never_an_observation(tok, tmp_path, free_port):
+    # The AgentGym bridge in front of a closed port: the task's reset fails before the first turn.
+    cfg_file = tmp_path / "dead.json"
+    cfg_file.write_text(json.dumps({"mcpServers": {"textcraft": {
+        "command": "python", "args": [str(REPO / "envs/tools/agentgym_bridge.py"), "--url",
+                                      f"http://127.0.0.1:{free_port}", "--env", "textcraft", "--timeout-s", "2"],
+        "rlfactory": {"cache": False}}}}))
+    dead = ToolsConfig(mcp_configs=[str(cfg_file)], servers=["textcraft"])
+    async with ToolManager.from_recipe(dead) as tools:
+        chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
+        policy = SolverPolicy(tok)
+        trajs, metrics = await AgentLoop(policy, tools, chat, cfg()).run_batch(
+            [task_row("textcraft", 0), task_row("textcraft", 1)], samples_per_prompt=1)
+    assert [t.finish_reason for t in trajs] == ["error", "error"]
+    assert metrics["rollout/errors"] == 2
+    assert all("could not open the task's episode" in t.error and "is the server running" in t.error for t in trajs)
+    assert policy.contexts == []  # the policy never read the failure as an observation
