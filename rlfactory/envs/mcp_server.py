@@ -217,10 +217,18 @@ def build_env_server(
     return es
 
 
-def server_args(description: str, max_episodes: int = 256) -> argparse.Namespace:
-    """Command-line options shared by the environment servers."""
+def server_args(description: str, max_episodes: int = 256, *, task_sets: tuple[str, ...] = (),
+                argv: list[str] | None = None, extra: Callable[[argparse.ArgumentParser], None] | None = None
+                ) -> argparse.Namespace:
+    """Command-line options shared by the environment servers (`task_sets`: the `--task-set` choices, first is the
+    default; `extra(parser)` adds a server's own options)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--max-episodes", type=int, default=max_episodes,
                    help="most episodes open at once; the least recently used is closed beyond it")
     p.add_argument("--idle-timeout-s", type=float, default=900.0, help="close an episode idle this long")
-    return p.parse_args()
+    if task_sets:
+        p.add_argument("--task-set", choices=task_sets, default=task_sets[0],
+                       help="which tasks the ids mean (agentgym: AgentGym's, see docs/environments.md)")
+    if extra is not None:
+        extra(p)
+    return p.parse_args(argv)

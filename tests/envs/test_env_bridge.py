@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 BRIDGE = str(REPO / "envs/tools/agentgym_bridge.py")
 
 
-def start_http_server(port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(REPO / "envs/tools/agentgym_http_server.py"), "--env", "textcraft",
+def start_http_server(port: int, *extra: str, env: str = "textcraft") -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(REPO / "envs/tools/agentgym_http_server.py"), "--env", env,
                              "--port", str(port), *extra], cwd=REPO)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
