@@ -44,10 +44,13 @@ ENVS: dict[str, str] = {
 FLAVORS = ("textcraft", "babyai")
 
 
-def env_factory(name: str, task_set: str | None = None) -> Callable[[], Env]:
+def env_factory(name: str, task_set: str | None = None, **options: Any) -> Callable[[], Env]:
+    """A factory of `name` envs (`task_set` and `options` go to its constructor when given)."""
     module, _, attr = ENVS[name].partition(":")
     cls = getattr(importlib.import_module(module), attr)
-    return (lambda: cls(task_set=task_set)) if task_set else cls
+    kwargs = {k: v for k, v in {"task_set": task_set, **options}.items() if v is not None}
+    cls(**kwargs)  # a bad option fails at start-up, not at the first /create
+    return lambda: cls(**kwargs)
 
 
 class _Instance:
@@ -63,11 +66,11 @@ class _Instance:
 
 
 def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavor: str | None = None,
-             task_set: str | None = None):
+             task_set: str | None = None, goal_order: str | None = None):
     flavor = flavor or ("textcraft" if env_name == "textcraft" else "babyai")
     if flavor not in FLAVORS:
         raise ValueError(f"--flavor {flavor!r}: use one of {', '.join(FLAVORS)}")
-    make_env = env_factory(env_name, task_set)
+    make_env = env_factory(env_name, task_set, **({"goal_order": goal_order} if goal_order else {}))
     registry: EpisodeRegistry[_Instance] = EpisodeRegistry(lambda: _Instance(make_env()), max_episodes=max_instances)
     ids = itertools.count()
     ids_lock = threading.Lock()
@@ -187,10 +190,11 @@ def main() -> None:
     p.add_argument("--max-instances", "--max-episodes", dest="max_instances", type=int, default=1024,
                    help="instances kept; the least recently used is dropped beyond it")
     p.add_argument("--task-set", default=None, help="the env's task set (e.g. agentgym: AgentGym's task ids)")
+    p.add_argument("--goal-order", default=None, help="TextCraft, agentgym task set: goal names by task id (JSON)")
     args = p.parse_args()
 
-    uvicorn.run(make_app(args.env, args.id_key, args.max_instances, args.flavor, args.task_set), host=args.host,
-                port=args.port, log_level="warning")
+    app = make_app(args.env, args.id_key, args.max_instances, args.flavor, args.task_set, args.goal_order)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
