@@ -56,15 +56,16 @@ class EnvReplyError(EnvServerError):
 
 
 def check_upstream(base_url: str, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """Whether an AgentGym-protocol server answers `GET /` at `base_url`: (ok, what it said or why not)."""
+    """Whether an AgentGym-protocol server answers at `base_url` (`GET /`, which AgentGym's servers answer with a
+    greeting): (ok, what it said or why not). Any answer below 500 counts: the server is up, even without `/`."""
     url = base_url.rstrip("/") + "/"
     try:
         response = httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as e:
         return False, f"{url} is unreachable ({type(e).__name__}: {e}); is the AgentGym server running there?"
-    if response.status_code != 200:
+    if response.status_code >= 500:
         return False, f"{url} answered {response.status_code}: {response.text[:200]}"
-    return True, f"{url} answered: {response.text[:200]}"
+    return True, f"{url} answered {response.status_code}: {response.text[:200]}"
 
 
 class EnvClient:

@@ -135,6 +135,13 @@ def test_env_client_errors_name_the_server(free_port):
     assert not ok and "unreachable" in detail
 
 
+def test_the_upstream_check_counts_any_answer_as_up(textcraft_http):
+    ok, detail = check_upstream(textcraft_http)
+    assert ok and "This is environment textcraft" in detail
+    ok, detail = check_upstream(f"{textcraft_http}/no-such-page")  # a server without GET / is still up
+    assert ok and "answered 404" in detail
+
+
 def test_a_dropped_instance_is_an_error_and_reset_recreates_it(http_server):
     url = http_server("--max-instances", "1")  # the server keeps one instance: a second one drops the first
     with EnvClient("textcraft", url) as a, EnvClient("textcraft", url) as b:
