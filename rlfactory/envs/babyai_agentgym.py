@@ -3,14 +3,14 @@
 AgentGym (agentenv-babyai) plays 40 levels: task `idx` is level `all_levels[idx % 40 + 1]` (its 1-based table,
 `AGENTGYM_LEVELS[idx % 40]` here) seeded with `idx // 40`. Its goal is minigrid's mission with "then" and "after you"
 read as "and". Its actions are words, several of them macros over minigrid's low-level actions:
-`turn left`, `turn right`, `move forward`, `go to <object> <n>`, `pickup <object> <n>`, `drop`, `toggle` and
-`check available actions`; objects are named `<colour> <type>` (doors `<colour> <state> door`) and numbered per name
-from the nearest visible one. Anything else answers "The action is not recognized. Please check valid actions."
-(so `go forward` is not an action here).
+`turn left`, `turn right`, `move forward`, `go to <object> <n>`, `pickup <object> <n>`, `go through <door> <n>`,
+`toggle and go through <door> <n>`, `drop`, `toggle` and `check available actions`; objects are named
+`<colour> <type>` (doors `<colour> <state> door`) and numbered per name from the nearest visible one. Anything else
+answers "The action is not recognized. Please check valid actions." (so `go forward` is not an action here).
 
 Our own implementation of those conventions (`AgentGymActions`), over minigrid's full state: the path of a macro is
 a shortest path in turns and steps through free cells and open doors. What differs from AgentGym's server is in
-docs/environments.md (its wording of the view, its `go through` door macros, its reward rule).
+docs/environments.md (its wording of the view, where its macros may go, its reward rule).
 """
 from __future__ import annotations
 
@@ -122,6 +122,8 @@ class AgentGymActions:
                 continue
             if env.carrying is None and name.split()[-1] in ("key", "ball", "box"):
                 acts[f"pickup {label}"] = path + [_PICKUP]
+            if name.endswith(" door"):
+                self._door(label, name, path)
             if not name.endswith("goal"):
                 acts[f"go to {label}"] = path
         front = env.grid.get(fx, fy)
@@ -130,6 +132,18 @@ class AgentGymActions:
         if front is not None and front.type in ("door", "box"):
             acts["toggle"] = [_TOGGLE]
         acts[CHECK] = []
+
+    def _door(self, label: str, name: str, path: list[int]) -> None:
+        """`go through` an open door (onto its cell); `toggle and go through` a closed one, or a locked one with
+        the key of its colour in hand."""
+        state = name.split()[1]
+        if state == "open":
+            self.actions[f"go through {label}"] = path + [_FORWARD]
+            return
+        carrying = self.env.carrying
+        if state == "locked" and (carrying is None or carrying.type != "key" or carrying.color != name.split()[0]):
+            return
+        self.actions[f"toggle and go through {label}"] = path + [_TOGGLE, _FORWARD]
 
     def render(self) -> str:
         return "Available actions: [" + ", ".join(f'"{a}"' for a in self.actions) + "]"

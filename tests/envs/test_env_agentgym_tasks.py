@@ -62,7 +62,8 @@ def test_babyai_agentgym_reset_names_the_level_goal_and_actions():
 
 def test_babyai_agentgym_macros_reach_the_goal():
     env = BabyAIEnv(task_set="agentgym")
-    for task_id, action in ((1, "go to red ball 1"), (3, None)):  # GoToRedBall seed 0; GoToObjS6 seed 0
+    # GoToRedBall seed 0; GoToObjS6 seed 0; OpenRedDoor seed 0 (the door opens on the macro's toggle)
+    for task_id, action in ((1, "go to red ball 1"), (3, None), (12, "toggle and go through red closed door 1")):
         first = env.reset(task_id)
         if action is None:  # "go to the <colour> <type>": the first such object in view
             target = first.info["mission"].removeprefix("go to the ").removeprefix("go to a ")
