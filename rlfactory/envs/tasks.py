@@ -28,17 +28,18 @@ from rlfactory.envs.deepsearch import load_questions
 from rlfactory.envs.textcraft import TextCraftEnv
 from rlfactory.envs.tools import DATA_DIR
 
-# ScienceWorld's task names, in the simulator's order (so task ids match `rlfactory/envs/sciworld.py`).
+# ScienceWorld's task names in the simulator's order (its task ids 1-1, 1-2, ..., 10-2), so that task ids match
+# `rlfactory/envs/sciworld.py`, which takes them from the simulator.
 SCIWORLD_TASKS = (
-    "boil", "change-the-state-of-matter-of", "chemistry-mix", "chemistry-mix-paint-secondary-color",
-    "chemistry-mix-paint-tertiary-color", "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
-    "freeze", "grow-fruit", "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
+    "boil", "melt", "freeze", "change-the-state-of-matter-of", "use-thermometer",
+    "measure-melting-point-known-substance", "measure-melting-point-unknown-substance", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
+    "test-conductivity-of-unknown-substances", "find-living-thing", "find-non-living-thing", "find-plant",
+    "find-animal", "grow-plant", "grow-fruit", "chemistry-mix", "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color", "lifespan-longest-lived", "lifespan-shortest-lived",
+    "lifespan-longest-lived-then-shortest-lived", "identify-life-stages-1", "identify-life-stages-2",
     "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
-    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived", "lifespan-longest-lived-then-shortest-lived",
-    "lifespan-shortest-lived", "measure-melting-point-known-substance", "measure-melting-point-unknown-substance",
-    "melt", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
-    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity", "test-conductivity-of-unknown-substances",
-    "use-thermometer",
+    "inclined-plane-friction-unnamed-surfaces", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant",
 )
 
 # (train ids, val ids) per environment: disjoint ranges.
@@ -101,7 +102,14 @@ def babyai_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
             "`go to red ball 1`, `check available actions`). Stop when the goal is reached.")
 
 
-AGENTGYM_PROMPTS = {"textcraft": textcraft_agentgym_prompt, "babyai": babyai_agentgym_prompt}
+def sciworld_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
+    what = f": {goal}" if goal else ""
+    return (f"ScienceWorld task {task_id}{what}. The task and the room are below. Call step with one text command at "
+            "a time (e.g. `look around`, `go to kitchen`, `focus on OBJ`). Stop when the task is done.")
+
+
+AGENTGYM_PROMPTS = {"textcraft": textcraft_agentgym_prompt, "babyai": babyai_agentgym_prompt,
+                    "sciworld": sciworld_agentgym_prompt}
 TASK_SETS = ("rlfactory", "agentgym")
 # What names the task in a reset observation, per environment (ours with the agentgym task set, and AgentGym's).
 GOAL_PATTERNS = {"textcraft": re.compile(r"Goal: craft (.+?)\.\s*$", re.M),

@@ -110,7 +110,7 @@ def test_textcraft_agentgym_with_the_servers_goal_order(tmp_path):
 
 
 def test_agentgym_rows_have_neutral_prompts():
-    for env in ("textcraft", "babyai"):
+    for env in ("textcraft", "babyai", "sciworld"):
         for row in task_rows(env, range(0, 80, 7), "agentgym"):
             assert row["env"] == {"server": env, "task_id": row["env"]["task_id"]}
             assert "go forward" not in row["prompt"] and "craft " not in row["prompt"].split(".")[0]
@@ -156,6 +156,6 @@ def test_babyai_stand_in_speaks_agentgym_words(free_port):
 
 def test_shipped_agentgym_task_files_match_the_generator():
     tasks = Path(__file__).resolve().parents[2] / "envs" / "tools" / "data" / "tasks"
-    for env in ("textcraft", "babyai"):
+    for env in ("textcraft", "babyai", "sciworld"):
         rows = [json.loads(line) for line in (tasks / f"{env}_agentgym_train.jsonl").read_text().splitlines()]
         assert rows[:5] == task_rows(env, range(5), "agentgym")
