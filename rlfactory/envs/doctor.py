@@ -1,15 +1,14 @@
 """`rlfactory envs doctor`: play one short episode end to end on each environment server of an mcpServers config
 (health, reset, step, observe, close) and say which stage failed and what the server answered.
 
-An environment server is one whose tools include `reset` and `step` with an `episode_id` argument (our own servers
+An environment server is one whose tools include `reset`, `step` and `close` taking `episode_id` (our own servers
 and the AgentGym bridge). For the bridge, `health` is its upstream check (`rlfactory://health`), so a closed port,
-an AgentGym error reply (`{"error": ...}`) or a reset that names no goal show up here before a run does.
+an AgentGym error reply (`{"error": ...}`) or an empty first observation show up here before a run does.
 Left out: printing (`rlfactory/cli/envs.py`).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +16,14 @@ from typing import Any
 
 from rlfactory.envs.protocol import EPISODE_ARG, takes_episode
 from rlfactory.errors import ConfigError
-from rlfactory.tools.types import HEALTH_URI, ToolCall
+from rlfactory.tools.manager import ToolManager
+from rlfactory.tools.mcp_configs import load_mcp_configs
+from rlfactory.tools.setup_mcp import resolve_config_paths, server_health
+from rlfactory.tools.types import ToolCall
 
-# An action every environment answers without ending the episode, by server kind (else the first listed).
+# An action that ends no episode, by the kind of server its name says (else `inventory`).
 SAFE_ACTIONS = {"textcraft": "inventory", "babyai": "check available actions", "sciworld": "look around",
-                "webshop": "search[shoes]", "deepsearch": "search"}
+                "webshop": "search[shoes]", "webarena": "scroll [down]"}
 DOCTOR_EPISODE = "rlfactory-doctor"
 
 
@@ -54,15 +56,9 @@ def _safe_action(server: str) -> str:
 
 
 async def _health(tools: Any, server: str) -> Stage | None:
-    conn = tools.servers[server].connections[0]
     t0 = time.perf_counter()
-    try:
-        if HEALTH_URI not in await conn.resource_uris():
-            return None
-        data = json.loads(await conn.read_text_resource(HEALTH_URI))
-        return Stage("health", bool(data.get("ok")), time.perf_counter() - t0, str(data.get("detail", "")))
-    except Exception as e:  # noqa: BLE001 - reported, not raised
-        return Stage("health", False, time.perf_counter() - t0, f"{type(e).__name__}: {e}")
+    ok, detail = await server_health(tools.servers[server])
+    return None if detail is None else Stage("health", ok, time.perf_counter() - t0, detail)
 
 
 async def check_env(tools: Any, server: str, task_id: int = 0, action: str | None = None) -> EnvReport:
@@ -106,10 +102,6 @@ def env_servers(specs: list[Any]) -> list[str]:
 async def run_doctor(configs: list[Path], only: list[str] | None = None, task_id: int = 0,
                      action: str | None = None) -> list[EnvReport]:
     """Check every environment server of `configs` (or those named in `only`) concurrently."""
-    from rlfactory.tools.manager import ToolManager
-    from rlfactory.tools.mcp_configs import load_mcp_configs
-    from rlfactory.tools.setup_mcp import resolve_config_paths
-
     servers = load_mcp_configs(resolve_config_paths(configs))
     if only:
         missing = sorted(set(only) - set(servers))

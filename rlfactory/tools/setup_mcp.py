@@ -149,8 +149,9 @@ async def _probe(server: ToolServer) -> ProbeReport:
         return ProbeReport(None, None, False, time.perf_counter() - t0, f"tools/list failed: {e!r}")
 
 
-async def _health(server: ToolServer) -> tuple[bool, str | None]:
-    """What the server's health resource says: (ok, detail); (True, None) when it publishes none."""
+async def server_health(server: ToolServer) -> tuple[bool, str | None]:
+    """What a started server's `rlfactory://health` resource says: (ok, detail); (True, None) when it publishes
+    none. Also used by `rlfactory envs doctor`."""
     conn = server.connections[0]
     timeout = server.settings.tool_timeout_s
     try:
@@ -186,7 +187,7 @@ async def check_server(cfg: ServerConfig, *, probe: bool = True, extra_env: dict
             if not report.probe.ok:
                 report.error = f"probe call failed: {report.probe.detail}"
                 return report
-        ok, report.health = await _health(server)
+        ok, report.health = await server_health(server)
         if not ok:
             report.error = f"health check failed: {report.health}"
             return report
