@@ -46,6 +46,12 @@ class EnvServerError(EnvError):
     """The environment server could not be reached or answered with an error."""
 
 
+class EnvUnreachable(EnvServerError):
+    """The server could not be reached (connection refused, timeout): an infrastructure failure."""
+
+    infra = True
+
+
 class EnvReplyError(EnvServerError):
     """The server answered, with an error: `{"error": ...}` (AgentGym's way, HTTP 200) or a non-200 status.
     `message` is the server's own text."""
@@ -96,7 +102,7 @@ class EnvClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as e:
-            raise EnvServerError(f"{where} failed ({type(e).__name__}: {e}); is the server running and is the URL "
+            raise EnvUnreachable(f"{where} failed ({type(e).__name__}: {e}); is the server running and is the URL "
                                  "right?") from e
         if response.status_code != 200:
             raise EnvReplyError(f"{where} answered {response.status_code}: {response.text[:300]}",

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
 from rlfactory.envs.types import Env, EnvError, StepResult
-from rlfactory.tools.types import HEALTH_URI
+from rlfactory.tools.types import HEALTH_URI, INFRA_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +99,10 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: 
 
 
 def error_result(error: EnvError) -> CallToolResult:
-    """An environment failure as an MCP error result (no structured content: it is no step, nothing to score)."""
-    return CallToolResult(content=[TextContent(type="text", text=f"Environment error: {error}")], is_error=True)
+    """An environment failure as an MCP error result: no step, nothing to score; an infrastructure failure says so
+    in its structured content (`INFRA_KEY`)."""
+    return CallToolResult(content=[TextContent(type="text", text=f"Environment error: {error}")], is_error=True,
+                          structured_content={INFRA_KEY: True} if error.infra else None)
 
 
 class EnvServer:

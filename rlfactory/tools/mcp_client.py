@@ -36,7 +36,7 @@ from mcp.shared.exceptions import MCPError
 from rlfactory import __version__
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.mcp_configs import ServerConfig
-from rlfactory.tools.types import ToolResult, ToolSpec
+from rlfactory.tools.types import INFRA_KEY, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,10 @@ def to_tool_result(result: Any, name: str, server: str) -> ToolResult:
     text = content[0].text if len(content) == 1 and content[0].type == "text" else "\n".join(
         _content_text(b) for b in content)
     is_error = bool(result.is_error)
+    structured = result.structured_content
+    infra = is_error and isinstance(structured, dict) and structured.get(INFRA_KEY) is True
     return ToolResult(name=name, text=text, is_error=is_error, error_kind="tool_error" if is_error else None,
-                      server=server, structured=result.structured_content)
+                      server=server, structured=structured, infra=infra)
 
 
 def error_result(name: str, server: str | None, kind: str, text: str, *, infra: bool = False) -> ToolResult:

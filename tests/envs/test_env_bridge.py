@@ -210,10 +210,28 @@ async def test_bridge_reports_an_unreachable_server_as_an_error(open_env, free_p
     async with open_env("agentgym_bridge.py", "--url", f"http://127.0.0.1:{free_port}", "--timeout-s", "2") as env:
         result = await env.session.call_tool("reset", {"task_id": 0, "episode_id": "dead"})
         assert result.is_error and "is the server running" in result.content[0].text
-        assert not result.structured_content  # nothing a reward could read as a step
+        # nothing a reward could read as a step; marked as the infrastructure's failure, not the env's answer
+        assert result.structured_content == {"rlfactory/infra": True}
         health = await env.session.read_resource("rlfactory://health")
         report = json.loads(health.contents[0].text)
         assert report["ok"] is False and "unreachable" in report["detail"]
+
+
+async def test_an_unreachable_upstream_is_an_infra_failure_a_reply_error_is_not(tmp_path, free_port, http_server):
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.tools.mcp_configs import load_mcp_configs
+    from rlfactory.tools.types import ToolCall
+
+    dead = bridge_config(tmp_path / "dead.json", f"http://127.0.0.1:{free_port}", "--timeout-s", "2")
+    async with ToolManager(load_mcp_configs([dead])) as tools:
+        r = await tools.call(ToolCall(name="textcraft.reset", arguments={"task_id": 0, "episode_id": "x"}))
+    assert r.is_error and r.infra and "is the server running" in r.text
+    live = bridge_config(tmp_path / "live.json", http_server("--max-instances", "1"))
+    async with ToolManager(load_mcp_configs([live])) as tools:
+        for ep in ("a", "b"):  # b's instance drops a's on the server
+            await tools.call(ToolCall(name="textcraft.reset", arguments={"task_id": 1, "episode_id": ep}))
+        r = await tools.call(ToolCall(name="textcraft.step", arguments={"action": "inventory", "episode_id": "a"}))
+    assert r.is_error and not r.infra and "is not valid" in r.text
 
 
 async def test_setup_mcp_checks_the_bridged_upstream(tmp_path, free_port, http_server):
