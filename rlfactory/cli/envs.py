@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import List, Optional
 
@@ -56,6 +57,7 @@ def tasks(
     goals = None
     if server is not None:
         task_set = "agentgym"
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per reset would bury the answer
         try:
             goals = server_goals(env, server, wanted)
         except (ValueError, RLFactoryError) as e:
