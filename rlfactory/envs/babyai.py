@@ -47,8 +47,9 @@ def _offset_words(forward: int, right: int) -> str:
     return " and ".join(parts) if parts else "right here"
 
 
-def describe_view(image, carrying_desc: str | None, mission: str) -> str:
-    """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up."""
+def describe_view(image, carrying_desc: str | None, mission: str, forward_word: str = "go forward") -> str:
+    """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up
+    (`forward_word`: the action that steps forward, as the task set names it)."""
     constants = import_extra("minigrid.core.constants", "BabyAI")  # called with an episode open: minigrid is loaded
     IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX = constants.IDX_TO_COLOR, constants.IDX_TO_OBJECT, constants.STATE_TO_IDX
 
@@ -76,7 +77,7 @@ def describe_view(image, carrying_desc: str | None, mission: str) -> str:
         lines.append("You see no objects nearby.")
     front_kind = IDX_TO_OBJECT[int(image[ax, ay - 1, 0])]
     if front_kind in ("empty", "floor"):
-        front = "nothing (you can go forward)"
+        front = f"nothing (you can {forward_word})"
     elif front_kind == "wall":
         front = "a wall"
     else:
@@ -137,9 +138,9 @@ class BabyAIEnv:
             return "No task yet: call reset(task_id) first."
         carrying = self._env.unwrapped.carrying
         carry_desc = f"a {carrying.color} {carrying.type}" if carrying is not None else None
-        view = describe_view(self._last_obs["image"], carry_desc, self.mission)
         if self.task_set != "agentgym":
-            return view
+            return describe_view(self._last_obs["image"], carry_desc, self.mission)
+        view = describe_view(self._last_obs["image"], carry_desc, self.mission, forward_word="move forward")
         self._words = AgentGymActions(self._env)
         seen = view.split("\n", 1)[1]  # our words for the view, after AgentGym's goal line
         return f"Your goal: {agentgym_goal(self.mission)}\n{seen}\n{self._words.render()}"

@@ -56,6 +56,7 @@ def test_babyai_agentgym_reset_names_the_level_goal_and_actions():
         listed = json.loads(actions)
         assert {"turn left", "turn right", "check available actions"} <= set(listed)
         assert "go forward" not in listed and all(" forward" not in a or a == "move forward" for a in listed)
+        assert "go forward" not in obs  # not even in the words for the view
         assert env.step("go forward").observation.startswith(NOT_RECOGNIZED)
     env.close()
 
