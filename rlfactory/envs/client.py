@@ -125,6 +125,8 @@ class EnvClient:
         return self.env_id
 
     def _parse(self, data: Any, what: str) -> StepResult:
+        if isinstance(data, str):  # a server that answers with the observation alone
+            return StepResult(observation=data, score=self.score, info={"task_id": self.task_id})
         if not isinstance(data, dict):
             raise EnvServerError(f"{self.env} server at {self.base_url}: {what} answered {data!r}, not an object "
                                  "with an observation")
