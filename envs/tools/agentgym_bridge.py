@@ -5,6 +5,10 @@ Run: `python -m rlfactory.envs.tools.agentgym_bridge --url http://127.0.0.1:3600
 (or env AGENTGYM_URL / AGENTGYM_ENV). `--id-key` / `--reset-key` override the protocol variant (see
 `rlfactory/envs/client.py`). Each MCP episode creates its own instance on the AgentGym server and closes it when the
 episode closes. An example config is examples/agentgym_bridge.json.
+
+The server's own errors (`{"error": ...}` replies, an unreachable URL) are error results with the message; a
+failed reset before the first turn makes the trajectory an error (`rollout/errors`). The resource
+`rlfactory://health` says whether the upstream answers (`rlfactory setup-mcp` checks it).
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import argparse
 import logging
 import os
 
-from rlfactory.envs.client import BridgedEnv
+from rlfactory.envs.client import EnvClient, check_upstream
 from rlfactory.envs.mcp_server import build_env_server
 
 
@@ -31,14 +35,15 @@ def main() -> None:
         p.error("give the AgentGym server URL with --url or the AGENTGYM_URL environment variable")
     es = build_env_server(
         f"agentgym-{args.env}",
-        lambda: BridgedEnv(args.env, args.url, id_key=args.id_key, reset_key=args.reset_key,
-                           timeout_s=args.timeout_s),
+        lambda: EnvClient(args.env, args.url, id_key=args.id_key, reset_key=args.reset_key,
+                          timeout_s=args.timeout_s),
         instructions=f"AgentGym environment `{args.env}` served at {args.url}. Call reset(task_id), then "
                      "step(action) with the environment's text actions until done.",
         reset_doc=f"Start task `task_id` of the {args.env} environment. Returns the first observation.",
         step_doc=f"Send one text action to the {args.env} environment. Returns the observation, reward and "
                  "whether the episode is done.",
-        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s)
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s,
+        health=lambda: check_upstream(args.url, timeout_s=min(args.timeout_s, 10.0)))
     es.run()
 
 

@@ -1,12 +1,13 @@
 """TextCraft as a stateful MCP server (stdio): `reset(task_id)`, `step(action)`, `observe()`, `close()`.
 
-Run: `python -m rlfactory.envs.tools.textcraft [--max-episodes N] [--idle-timeout-s S]`. The game itself is
-`rlfactory/envs/textcraft.py` (our recipe set: envs/tools/data/textcraft_recipes.json).
+Run: `python -m rlfactory.envs.tools.textcraft [--task-set rlfactory|agentgym] [--goal-order FILE]
+[--max-episodes N] [--idle-timeout-s S]`. The game itself is `rlfactory/envs/textcraft.py` (our recipe set:
+envs/tools/data/textcraft_recipes.json); `--task-set agentgym` numbers the tasks as AgentGym's server does.
 """
 from __future__ import annotations
 
 from rlfactory.envs.mcp_server import build_env_server, server_args
-from rlfactory.envs.textcraft import TextCraftEnv
+from rlfactory.envs.textcraft import TASK_SETS, TextCraftEnv
 
 INSTRUCTIONS = (
     "TextCraft: craft a goal item from base items. Call reset(task_id) to start; the observation lists the crafting "
@@ -16,9 +17,12 @@ INSTRUCTIONS = (
 
 
 def main() -> None:
-    args = server_args("TextCraft MCP server")
+    args = server_args("TextCraft MCP server", task_sets=TASK_SETS, extra=lambda p: p.add_argument(
+        "--goal-order", default=None, help="agentgym task set: JSON file of AgentGym's goal names by task id"))
+    TextCraftEnv(task_set=args.task_set, goal_order=args.goal_order)  # a bad option fails here, not per episode
     es = build_env_server(
-        "textcraft", TextCraftEnv, instructions=INSTRUCTIONS,
+        "textcraft", lambda: TextCraftEnv(task_set=args.task_set, goal_order=args.goal_order),
+        instructions=INSTRUCTIONS,
         reset_doc="Start TextCraft task `task_id` (any integer; the same id is always the same goal). Returns the "
                   "crafting commands available and the goal item.",
         step_doc="Play one TextCraft action: `get <count> <item>` for a base item, "

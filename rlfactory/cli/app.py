@@ -9,7 +9,7 @@ import logging
 
 import typer
 
-from rlfactory.cli import dashboard, init, rollout, serve, sft, tools, train
+from rlfactory.cli import dashboard, envs, init, rollout, serve, sft, tools, train
 
 app = typer.Typer(
     name="rlfactory",
@@ -29,7 +29,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DE
     )
 
 
-for _module in (init, tools, train, rollout, sft, serve, dashboard):  # the order `rlfactory --help` lists them in
+for _module in (init, tools, envs, train, rollout, sft, serve, dashboard):  # the order `rlfactory --help` lists them in
     _module.register(app)
 
 

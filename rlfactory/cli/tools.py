@@ -19,6 +19,7 @@ from rlfactory.errors import ConfigError
 tools_app = typer.Typer(help="List and call MCP tools by hand (debugging).", no_args_is_help=True)
 
 _CONFIGS_HELP = "mcpServers JSON files (default: every mcp_configs/*.json)."
+_CONFIG_OPT_HELP = "An mcpServers JSON file (repeatable; the same as giving it as an argument)."
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +30,7 @@ def register(app: typer.Typer) -> None:
 
 def setup_mcp(
     configs: Optional[List[Path]] = typer.Argument(None, help=_CONFIGS_HELP, show_default=False),
+    config_opts: Optional[List[Path]] = typer.Option(None, "--config", "-c", help=_CONFIG_OPT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON report to stdout instead of a table."),
     cache_backend: str = typer.Option("embedded", help="Cache backend to check: embedded, redis or none."),
     cache_url: Optional[str] = typer.Option(None, help="Redis URL for --cache-backend redis."),
@@ -46,7 +48,8 @@ def setup_mcp(
     with tempfile.TemporaryDirectory(prefix="rlfactory-setup-") as tmp:
         path = cache_path or Path(tmp, "tool_cache.rdb")
         try:
-            report = run_async(run_setup(configs or [], cache_cfg, cache_path=path, probe=probe))
+            files = [*(configs or []), *(config_opts or [])]
+            report = run_async(run_setup(files, cache_cfg, cache_path=path, probe=probe))
         except ConfigError as e:
             fail(str(e))
     if as_json:
@@ -100,11 +103,13 @@ def _load_manager(configs: list[Path], only_server: str | None = None) -> Any:
 @tools_app.command("list")
 def tools_list(
     configs: Optional[List[Path]] = typer.Argument(None, help=_CONFIGS_HELP, show_default=False),
+    config_opts: Optional[List[Path]] = typer.Option(None, "--config", "-c", help=_CONFIG_OPT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the tools' OpenAI schemas as JSON."),
 ) -> None:
-    """List every tool as the model sees it (name, server, arguments, cache hints)."""
+    """List every tool as the model sees it (name, server, arguments, cache hints). Configs go as arguments or
+    with `--config` / `-c`, as for `tools call`."""
     async def go() -> list[Any]:
-        async with _load_manager(configs or []) as tm:
+        async with _load_manager([*(configs or []), *(config_opts or [])]) as tm:
             return tm.specs
 
     specs = run_async(go())

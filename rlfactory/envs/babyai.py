@@ -6,7 +6,9 @@ state (doors) and position relative to the agent ("2 steps forward and 1 step le
 and what the agent carries. Reward is minigrid's (1 - 0.9 * steps / max_steps on success, else 0); `done` when the
 mission succeeds or the level's step limit is hit.
 
-Left out: AgentGym's macro actions ("go to red ball 1"); only the standard low-level action set is served.
+Task sets: `rlfactory` (the default above: our 8 levels, low-level actions) and `agentgym` (AgentGym's 40 levels,
+`idx % 40` with seed `idx // 40`, its goal wording and its action words, macros included:
+`rlfactory/envs/babyai_agentgym.py`), so that a task id means the task it means in AgentGym-RL.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import logging
 import threading
 import warnings
 
+from rlfactory.envs.babyai_agentgym import CHECK, NOT_RECOGNIZED, AgentGymActions, agentgym_goal, level_and_seed
 from rlfactory.envs.types import StepResult
 from rlfactory.errors import import_extra
 
@@ -31,6 +34,7 @@ _ALIASES = {"left": "turn left", "right": "turn right", "forward": "go forward",
 # other servers, noise in tests). redirect_stdout is process-wide, hence the lock.
 _QUIET = threading.Lock()
 HELP = "Valid actions: " + ", ".join(ACTIONS) + "."
+TASK_SETS = ("rlfactory", "agentgym")
 
 
 def _offset_words(forward: int, right: int) -> str:
@@ -43,8 +47,9 @@ def _offset_words(forward: int, right: int) -> str:
     return " and ".join(parts) if parts else "right here"
 
 
-def describe_view(image, carrying_desc: str | None, mission: str) -> str:
-    """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up."""
+def describe_view(image, carrying_desc: str | None, mission: str, forward_word: str = "go forward") -> str:
+    """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up
+    (`forward_word`: the action that steps forward, as the task set names it)."""
     constants = import_extra("minigrid.core.constants", "BabyAI")  # called with an episode open: minigrid is loaded
     IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX = constants.IDX_TO_COLOR, constants.IDX_TO_OBJECT, constants.STATE_TO_IDX
 
@@ -72,7 +77,7 @@ def describe_view(image, carrying_desc: str | None, mission: str) -> str:
         lines.append("You see no objects nearby.")
     front_kind = IDX_TO_OBJECT[int(image[ax, ay - 1, 0])]
     if front_kind in ("empty", "floor"):
-        front = "nothing (you can go forward)"
+        front = f"nothing (you can {forward_word})"
     elif front_kind == "wall":
         front = "a wall"
     else:
@@ -87,8 +92,12 @@ def describe_view(image, carrying_desc: str | None, mission: str) -> str:
 class BabyAIEnv:
     """One BabyAI episode in text."""
 
-    def __init__(self, levels: tuple[str, ...] | list[str] = DEFAULT_LEVELS):
+    def __init__(self, levels: tuple[str, ...] | list[str] = DEFAULT_LEVELS, task_set: str = "rlfactory"):
+        if task_set not in TASK_SETS:
+            raise ValueError(f"BabyAI task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
+        self.task_set = task_set
         self.levels = tuple(levels)
+        self._words: AgentGymActions | None = None
         self._envs: dict[str, object] = {}
         self._env = None
         self.task_id: int | None = None
@@ -109,10 +118,13 @@ class BabyAIEnv:
 
     def reset(self, task_id: int = 0) -> StepResult:
         self.task_id = int(task_id)
-        self.level = self.levels[self.task_id % len(self.levels)]
+        if self.task_set == "agentgym":
+            self.level, seed = level_and_seed(self.task_id)
+        else:
+            self.level, seed = self.levels[self.task_id % len(self.levels)], self.task_id
         self._env = self._make(self.level)
         with _QUIET, contextlib.redirect_stdout(io.StringIO()):
-            self._last_obs, _ = self._env.reset(seed=self.task_id)
+            self._last_obs, _ = self._env.reset(seed=seed)
         self.done = False
         self.score = 0.0
         return StepResult(observation=f"Level: {self.level}\n{self.observe()}", info=self._info())
@@ -126,7 +138,12 @@ class BabyAIEnv:
             return "No task yet: call reset(task_id) first."
         carrying = self._env.unwrapped.carrying
         carry_desc = f"a {carrying.color} {carrying.type}" if carrying is not None else None
-        return describe_view(self._last_obs["image"], carry_desc, self.mission)
+        if self.task_set != "agentgym":
+            return describe_view(self._last_obs["image"], carry_desc, self.mission)
+        view = describe_view(self._last_obs["image"], carry_desc, self.mission, forward_word="move forward")
+        self._words = AgentGymActions(self._env)
+        seen = view.split("\n", 1)[1]  # our words for the view, after AgentGym's goal line
+        return f"Your goal: {agentgym_goal(self.mission)}\n{seen}\n{self._words.render()}"
 
     def step(self, action: str) -> StepResult:
         if self._env is None:
@@ -134,6 +151,8 @@ class BabyAIEnv:
         if self.done:
             return StepResult(observation="The episode is over. Call reset for a new task.", score=self.score,
                               done=True, info=self._info())
+        if self.task_set == "agentgym":
+            return self._step_words(" ".join(action.lower().strip().split()))
         name = " ".join(action.lower().strip().rstrip(".").split())
         name = _ALIASES.get(name, name)
         if name not in ACTIONS:
@@ -151,8 +170,34 @@ class BabyAIEnv:
         return StepResult(observation=prefix + self.observe(), reward=float(reward), score=self.score,
                           done=self.done, info=self._info())
 
+    def _step_words(self, action: str) -> StepResult:
+        """One AgentGym action word: a macro runs its low-level actions until one ends the episode."""
+        words = self._words or AgentGymActions(self._env)
+        if action == CHECK or (action.startswith("check") and CHECK.startswith(action)):
+            return StepResult(observation="You can take the following actions: " + ", ".join(words.actions),
+                              score=self.score, info=self._info())
+        if action not in words.actions:
+            return StepResult(observation=f"{NOT_RECOGNIZED}\n{self.observe()}", score=self.score,
+                              info=self._info())
+        reward, terminated, truncated = 0.0, False, False
+        for low in words.actions[action]:
+            self._last_obs, r, terminated, truncated, _ = self._env.step(low)
+            reward = float(r)
+            if terminated or truncated:
+                break
+        self.done = bool(terminated or truncated)
+        if reward > 0:
+            self.score = reward
+        prefix = ""
+        if terminated and reward > 0:
+            prefix = "The task is completed.\n"
+        elif truncated:
+            prefix = "Out of steps: the episode is over.\n"
+        return StepResult(observation=prefix + self.observe(), reward=reward, score=self.score, done=self.done,
+                          info=self._info())
+
     def _info(self) -> dict:
-        return {"task_id": self.task_id, "level": self.level, "mission": self.mission}
+        return {"task_id": self.task_id, "level": self.level, "mission": self.mission, "task_set": self.task_set}
 
     def close(self) -> None:
         for env in self._envs.values():

@@ -1,19 +1,28 @@
 """`EnvClient`: a client for AgentGym's HTTP environment protocol, usable on its own or behind the MCP bridge.
 
-The protocol (one server per environment family):
-    POST /create               -> {"id": N, "observation": ...}   (some servers answer a bare N)
+The protocol as AgentGym's own servers speak it (one server per environment family; the shapes seen from the real
+TextCraft and BabyAI servers are in docs/environments.md):
+    POST /create               -> {"id": N, ...}  (TextCraft: already reset to task N; some servers answer a bare N)
     POST /reset  {id, data_idx} -> {"observation", "reward", "done", ...}
     POST /step   {id, action}   -> {"observation" | "state", "reward", "done", "score"?}
-    GET  /observation?id=N      -> str (or {"observation": ...})
-    POST /close  {id}
+    GET  /observation?id=N      -> a bare string, or {"observation": ...}
+    POST /close  {id}           -> true / false
+    GET  /                      -> a greeting (the health check)
+Errors come back as HTTP 200 with `{"error": "..."}` (e.g. "The id 7 is not valid." once the server dropped the
+instance, "The task with environment 1 has finished." when stepping after done); `EnvClient` raises them as
+`EnvReplyError` with the server's message. It also keeps AgentGym's episode rules the servers do not all keep:
+- a `reset` whose instance the server no longer knows creates a new instance and resets that (once);
+- a `step` after `done` is answered as done (reward 0, the score so far) without asking the server: TextCraft's
+  `done` is not sticky and BabyAI answers an error there;
+- every result carries the `task_id` of the episode.
 Per-environment variants differ in names only: the id key (`id`, or `env_idx` for WebShop / WebArena-style
 servers) and the reset key (`data_idx`, or `session_id` for WebShop). `VARIANTS` holds the known ones;
 `id_key` / `reset_key` override them.
 
 `EnvClient` follows the `Env` protocol (`reset(task_id) -> StepResult`, `step`, `observe`, `close`), so the MCP
-bridge (`envs/tools/agentgym_bridge.py`) serves it like any local environment. Transport failures raise
-`EnvServerError` from the plain methods; the bridge turns them into observations.
-Left out: retries and async calls (the bridge runs each call on a worker thread).
+bridge (`envs/tools/agentgym_bridge.py`) serves it like any local environment; its errors are `EnvError`s, which
+the env MCP servers answer as error results (a failed reset makes the trajectory an error, never an observation).
+Left out: retries of transport failures and async calls (the bridge runs each call on a worker thread).
 """
 from __future__ import annotations
 
@@ -22,8 +31,7 @@ from typing import Any
 
 import httpx
 
-from rlfactory.envs.types import StepResult
-from rlfactory.errors import RLFactoryError
+from rlfactory.envs.types import EnvError, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +39,39 @@ VARIANTS: dict[str, dict[str, str]] = {
     "webshop": {"id_key": "env_idx", "reset_key": "session_id"},
     "webarena": {"id_key": "env_idx", "reset_key": "idx"},
 }
+OVER = "The episode is over: call reset(task_id) to start a new task."
 
 
-class EnvServerError(RLFactoryError):
+class EnvServerError(EnvError):
     """The environment server could not be reached or answered with an error."""
+
+
+class EnvUnreachable(EnvServerError):
+    """The server could not be reached (connection refused, timeout): an infrastructure failure."""
+
+    infra = True
+
+
+class EnvReplyError(EnvServerError):
+    """The server answered, with an error: `{"error": ...}` (AgentGym's way, HTTP 200) or a non-200 status.
+    `message` is the server's own text."""
+
+    def __init__(self, text: str, message: str):
+        super().__init__(text)
+        self.message = message
+
+
+def check_upstream(base_url: str, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """Whether an AgentGym-protocol server answers at `base_url` (`GET /`, which AgentGym's servers answer with a
+    greeting): (ok, what it said or why not). Any answer below 500 counts: the server is up, even without `/`."""
+    url = base_url.rstrip("/") + "/"
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return False, f"{url} is unreachable ({type(e).__name__}: {e}); is the AgentGym server running there?"
+    if response.status_code >= 500:
+        return False, f"{url} answered {response.status_code}: {response.text[:200]}"
+    return True, f"{url} answered {response.status_code}: {response.text[:200]}"
 
 
 class EnvClient:
@@ -47,11 +84,11 @@ class EnvClient:
         self.base_url = base_url.rstrip("/")
         self.id_key = id_key or variant.get("id_key", "id")
         self.reset_key = reset_key or variant.get("reset_key", "data_idx")
-        self.create_body = create_body or {}
+        self.create_body = create_body or {}  # TextCraft's /create needs a body ({} will do): no body is a 422
         self.env_id: Any = None
+        self.task_id: int | None = None
         self.done = False
         self.score = 0.0
-        self._last_observation = ""
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
     def __enter__(self) -> "EnvClient":
@@ -61,61 +98,87 @@ class EnvClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        where = f"{self.env} server at {self.base_url}: {method} {path}"
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as e:
-            raise EnvServerError(f"{self.env} server at {self.base_url}: {method} {path} failed ({e}); is the "
-                                 "server running and is the URL right?") from e
+            raise EnvUnreachable(f"{where} failed ({type(e).__name__}: {e}); is the server running and is the URL "
+                                 "right?") from e
         if response.status_code != 200:
-            raise EnvServerError(f"{self.env} server at {self.base_url}: {method} {path} answered "
-                                 f"{response.status_code}: {response.text[:300]}")
+            raise EnvReplyError(f"{where} answered {response.status_code}: {response.text[:300]}",
+                                response.text[:300])
         try:
-            return response.json()
+            data = response.json()
         except ValueError:
             return response.text
+        if isinstance(data, dict) and "error" in data:
+            message = str(data["error"])
+            raise EnvReplyError(f"{where} answered with an error: {message}", message)
+        return data
 
     def create(self) -> Any:
         """Create the environment instance on the server; returns its id."""
         data = self._request("POST", "/create", json=self.create_body)
-        if isinstance(data, dict):
-            self.env_id = data.get("id", data.get(self.id_key))
-            self._last_observation = str(data.get("observation", ""))
-        else:
-            self.env_id = data
-        if self.env_id is None:
+        self.env_id = data.get("id", data.get(self.id_key)) if isinstance(data, dict) else data
+        if self.env_id is None or isinstance(self.env_id, (dict, list)):
             raise EnvServerError(f"{self.env} server at {self.base_url}: /create returned no id: {data!r}")
         return self.env_id
 
-    def _parse(self, data: Any) -> StepResult:
+    def _parse(self, data: Any, what: str) -> StepResult:
+        if isinstance(data, str):  # a server that answers with the observation alone
+            return StepResult(observation=data, score=self.score, info={"task_id": self.task_id})
         if not isinstance(data, dict):
-            return StepResult(observation=str(data))
+            raise EnvServerError(f"{self.env} server at {self.base_url}: {what} answered {data!r}, not an object "
+                                 "with an observation")
         observation = data.get("observation", data.get("state", ""))
         reward = float(data.get("reward", 0.0) or 0.0)
         done = bool(data.get("done", False))
         # Servers without a `score` (TextCraft) signal success by reward: the best reward so far is the score.
         score = float(data["score"] or 0.0) if "score" in data else max(self.score, reward)
         extra = {k: v for k, v in data.items() if k not in ("observation", "state", "reward", "done", "score")}
+        extra["task_id"] = self.task_id
         return StepResult(observation=str(observation), reward=reward, score=score, done=done, info=extra)
 
+    def _reset_request(self, task_id: int) -> Any:
+        return self._request("POST", "/reset", json={self.id_key: self.env_id, self.reset_key: int(task_id)})
+
     def reset(self, task_id: int = 0) -> StepResult:
-        if self.env_id is None:
+        fresh = self.env_id is None
+        if fresh:
             self.create()
-        data = self._request("POST", "/reset", json={self.id_key: self.env_id, self.reset_key: int(task_id)})
-        self.score, self.done = 0.0, False
-        result = self._parse(data)
+        try:
+            data = self._reset_request(task_id)
+        except EnvReplyError as e:
+            if fresh:
+                raise
+            # The server no longer knows the instance (it drops idle or surplus ones: "The id 7 is not valid."):
+            # make a new one and reset that, once. A second failure is the server's answer to this task.
+            logger.info("%s: reset of instance %s failed (%s); creating a new instance", self.env, self.env_id,
+                        e.message)
+            self.env_id = None
+            self.create()
+            data = self._reset_request(task_id)
+        self.task_id, self.score, self.done = int(task_id), 0.0, False
+        result = self._parse(data, "/reset")
         if not result.observation:  # some servers answer reset with ids only; ask for the observation
             result.observation = self.observe()
         self.score, self.done = result.score, result.done
-        self._last_observation = result.observation
-        result.info.setdefault("task_id", int(task_id))
         return result
 
     def step(self, action: str) -> StepResult:
         if self.env_id is None:
             raise EnvServerError(f"{self.env}: call reset(task_id) before step")
-        result = self._parse(self._request("POST", "/step", json={self.id_key: self.env_id, "action": action}))
+        if self.done:
+            return StepResult(observation=OVER, score=self.score, done=True, info={"task_id": self.task_id})
+        try:
+            data = self._request("POST", "/step", json={self.id_key: self.env_id, "action": action})
+        except EnvReplyError as e:
+            if "has finished" not in e.message:  # BabyAI's answer to a step after done
+                raise
+            self.done = True
+            return StepResult(observation=OVER, score=self.score, done=True, info={"task_id": self.task_id})
+        result = self._parse(data, "/step")
         self.score, self.done = result.score, result.done
-        self._last_observation = result.observation
         return result
 
     def observe(self) -> str:
@@ -123,7 +186,10 @@ class EnvClient:
             return "No task yet: call reset(task_id) first."
         data = self._request("GET", "/observation", params={self.id_key: self.env_id})
         if isinstance(data, dict):
-            return str(data.get("observation", data))
+            if "observation" not in data:
+                raise EnvServerError(f"{self.env} server at {self.base_url}: GET /observation answered {data!r}, "
+                                     "with no observation")
+            return str(data["observation"])
         return str(data)
 
     def close(self) -> None:
@@ -135,32 +201,3 @@ class EnvClient:
                 logger.warning("closing %s env %s failed: %s", self.env, self.env_id, e)
             self.env_id = None
         self._http.close()
-
-
-class BridgedEnv:
-    """`EnvClient` for the MCP bridge: server failures become observations (a failed call is content for the
-    model, not a crash), and a fresh HTTP client is made per episode."""
-
-    def __init__(self, env: str, base_url: str, **kwargs: Any):
-        self.client = EnvClient(env, base_url, **kwargs)
-
-    def _guard(self, fn, *args) -> StepResult:
-        try:
-            return fn(*args)
-        except EnvServerError as e:
-            return StepResult(observation=f"Environment server error: {e}", info={"error": True})
-
-    def reset(self, task_id: int = 0) -> StepResult:
-        return self._guard(self.client.reset, task_id)
-
-    def step(self, action: str) -> StepResult:
-        return self._guard(self.client.step, action)
-
-    def observe(self) -> str:
-        try:
-            return self.client.observe()
-        except EnvServerError as e:
-            return f"Environment server error: {e}"
-
-    def close(self) -> None:
-        self.client.close()

@@ -10,7 +10,10 @@ Which episode a call acts on, first match wins:
    episodes close when the session object goes away.
 
 Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}`; a tool
-result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py` scores `score`.
+result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py` scores `score`. An `EnvError`
+from the environment (e.g. its HTTP server is down or answered an error) is an error result with the message: a
+failed `reset` before the first turn makes the trajectory an error, never an observation the policy reads.
+A server built with `health=` publishes the `rlfactory://health` resource that `rlfactory setup-mcp` checks.
 Environment tools are never cacheable (no readOnly / idempotent hints), and their configs say `"cache": false`.
 """
 from __future__ import annotations
@@ -28,7 +31,8 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
-from rlfactory.envs.types import Env, StepResult
+from rlfactory.envs.types import Env, EnvError, StepResult
+from rlfactory.tools.types import HEALTH_URI, INFRA_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +98,13 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: 
     return CallToolResult(content=[TextContent(type="text", text=result.render())], structured_content=structured)
 
 
+def error_result(error: EnvError) -> CallToolResult:
+    """An environment failure as an MCP error result: no step, nothing to score; an infrastructure failure says so
+    in its structured content (`INFRA_KEY`)."""
+    return CallToolResult(content=[TextContent(type="text", text=f"Environment error: {error}")], is_error=True,
+                          structured_content={INFRA_KEY: True} if error.infra else None)
+
+
 class EnvServer:
     """An MCP server plus the episode registry behind its tools. `act` runs a function on the caller's episode."""
 
@@ -135,7 +146,10 @@ class EnvServer:
         with ep.lock:
             if create:
                 ep.steps = 0
-            result = fn(ep.env)
+            try:
+                result = fn(ep.env)
+            except EnvError as e:
+                return error_result(e)
             if not create:
                 ep.steps += 1
         return tool_result(result, ep, key)
@@ -154,13 +168,19 @@ def build_env_server(
     max_episodes: int = 256,
     idle_timeout_s: float = 900.0,
     inline: bool = False,
+    health: Callable[[], tuple[bool, str]] | None = None,
 ) -> EnvServer:
     """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`step_doc=None`: no
     generic `step` tool; the caller adds its own action tools with `EnvServer.add_tool`). `inline`: run the tools
-    on the event loop (fast pure-Python envs) instead of worker threads (envs that block: a JVM, HTTP)."""
+    on the event loop (fast pure-Python envs) instead of worker threads (envs that block: a JVM, HTTP).
+    `health() -> (ok, detail)`: whether what the server fronts is usable, published as `rlfactory://health`."""
     es = EnvServer(name, make_env, instructions=instructions, max_episodes=max_episodes,
                    idle_timeout_s=idle_timeout_s, inline=inline)
-
+    if health is not None:
+        @es.server.resource(HEALTH_URI, mime_type="application/json")
+        def upstream_health() -> str:
+            ok, detail = health()
+            return json.dumps({"ok": ok, "detail": detail})
 
     def reset(task_id: Annotated[int, Field(description="Which task (any integer; the same id is the same task).")]
               = 0, episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
@@ -176,7 +196,10 @@ def build_env_server(
         if ep is None:
             return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
         with ep.lock:
-            text = ep.env.observe()
+            try:
+                text = ep.env.observe()
+            except EnvError as e:
+                return error_result(e)
         return tool_result(StepResult(observation=text), ep, key)
 
     def close(episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
@@ -196,10 +219,18 @@ def build_env_server(
     return es
 
 
-def server_args(description: str, max_episodes: int = 256) -> argparse.Namespace:
-    """Command-line options shared by the environment servers."""
+def server_args(description: str, max_episodes: int = 256, *, task_sets: tuple[str, ...] = (),
+                argv: list[str] | None = None, extra: Callable[[argparse.ArgumentParser], None] | None = None
+                ) -> argparse.Namespace:
+    """Command-line options shared by the environment servers (`task_sets`: the `--task-set` choices, first is the
+    default; `extra(parser)` adds a server's own options)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--max-episodes", type=int, default=max_episodes,
                    help="most episodes open at once; the least recently used is closed beyond it")
     p.add_argument("--idle-timeout-s", type=float, default=900.0, help="close an episode idle this long")
-    return p.parse_args()
+    if task_sets:
+        p.add_argument("--task-set", choices=task_sets, default=task_sets[0],
+                       help="which tasks the ids mean (agentgym: AgentGym's, see docs/environments.md)")
+    if extra is not None:
+        extra(p)
+    return p.parse_args(argv)

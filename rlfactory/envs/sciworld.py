@@ -8,6 +8,9 @@ it, never an exception.
 
 Each episode owns one JVM (ScienceWorld keeps one simulation per JVM). It is started lazily on the first reset and
 reused across resets of the same episode; the MCP server bounds the number of open episodes (hence of JVMs).
+Task set `agentgym`: AgentGym's SciWorld server numbers its tasks as one flat list, task by task in ScienceWorld's
+order and every variation of each, leaving out the task ids in `AGENTGYM_EXCLUDED`; task `idx` is entry `idx` (no
+wrap-around: past the end is an error). The reward stays on our 0-1 scale (AgentGym reports ScienceWorld's 0-100).
 Left out: gold-path generation for the policy (tests generate it in their own process).
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import os
 import re
 
-from rlfactory.envs.types import StepResult
+from rlfactory.envs.types import EnvError, StepResult
 from rlfactory.errors import import_extra
 
 logger = logging.getLogger(__name__)
@@ -25,13 +28,22 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 STEP_LIMIT = 100
 MAX_HINTS = 15
+TASK_SETS = ("rlfactory", "agentgym")
+AGENTGYM_EXCLUDED = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
+"""ScienceWorld task ids AgentGym's server leaves out of its task list."""
 
 
 class SciWorldEnv:
     """One ScienceWorld episode."""
 
     def __init__(self, tasks: list[str] | None = None, simplifications: str | None = None,
-                 step_limit: int = STEP_LIMIT):
+                 step_limit: int = STEP_LIMIT, task_set: str = "rlfactory"):
+        if task_set not in TASK_SETS:
+            raise ValueError(f"SciWorld task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
+        if task_set == "agentgym" and tasks is not None:
+            raise ValueError("SciWorld: the agentgym task set numbers all of AgentGym's tasks; do not restrict tasks")
+        self.task_set = task_set
+        self._games: list[tuple[str, int]] | None = None
         self._tasks = tasks
         self.simplifications = (simplifications if simplifications is not None
                                 else os.environ.get("RLFACTORY_SCIWORLD_SIMPLIFICATIONS", ""))
@@ -57,12 +69,28 @@ class SciWorldEnv:
             self._tasks = list(self._sim().get_task_names())
         return self._tasks
 
+    def agentgym_games(self) -> list[tuple[str, int]]:
+        """AgentGym's task list: (task name, variation), task by task, leaving out `AGENTGYM_EXCLUDED`."""
+        if self._games is None:
+            sim = self._sim()
+            self._games = [(name, v) for key, name in sim.tasks.items() if key not in AGENTGYM_EXCLUDED
+                           for v in range(int(sim.get_max_variations(name)))]
+        return self._games
+
     def reset(self, task_id: int = 0) -> StepResult:
         sim = self._sim()
-        self.task_id = int(task_id)
-        self.task_name = self.tasks[self.task_id % len(self.tasks)]
-        n_var = int(sim.get_max_variations(self.task_name))
-        self.variation = (self.task_id // len(self.tasks)) % max(n_var, 1)
+        if self.task_set == "agentgym":
+            games = self.agentgym_games()
+            if not 0 <= int(task_id) < len(games):
+                raise EnvError(f"SciWorld task {task_id}: AgentGym's task list has {len(games)} tasks "
+                               f"(ids 0-{len(games) - 1})")
+            self.task_id = int(task_id)
+            self.task_name, self.variation = games[self.task_id]
+        else:
+            self.task_id = int(task_id)
+            self.task_name = self.tasks[self.task_id % len(self.tasks)]
+            n_var = int(sim.get_max_variations(self.task_name))
+            self.variation = (self.task_id // len(self.tasks)) % max(n_var, 1)
         sim.load(self.task_name, self.variation, self.simplifications)
         obs, _ = sim.reset()
         self.done = False
@@ -100,7 +128,8 @@ class SciWorldEnv:
                 "\nSome valid actions now: " + "; ".join(related))
 
     def _info(self) -> dict:
-        return {"task_id": self.task_id, "task_name": self.task_name, "variation": self.variation}
+        return {"task_id": self.task_id, "task_name": self.task_name, "variation": self.variation,
+                "task_set": self.task_set}
 
     def close(self) -> None:
         if self._env is not None:

@@ -1,7 +1,8 @@
 """Task rows (JSONL) for training on the environment servers: one row per environment task id.
 
-    python -m rlfactory.envs.tasks [--out DIR]    (writes {env}_train.jsonl / {env}_val.jsonl, by default into
-                                                   envs/tools/data/tasks)
+    python -m rlfactory.envs.tasks [--out DIR] [--task-set agentgym]
+        (writes {env}_train.jsonl / {env}_val.jsonl, or {env}_agentgym_*.jsonl, by default into envs/tools/data/tasks;
+        `rlfactory envs tasks` writes rows for any ids, optionally reading each goal off a running server)
 
 Each row: `{"id", "prompt", "answer": null, "env": {"server", "task_id"}}`. The AgentLoop opens the episode itself
 before the first turn (`env` names the server and task; rlfactory/rollout/env_glue.py) and shows the first
@@ -9,11 +10,17 @@ observation under the prompt, so the prompt only says how to act: which tool to 
 to stop. The reward comes from the environment (`rewards/env.py`), so there is no reference answer. For TextCraft and
 Deep Search the prompt also carries the task itself (goal / question), which is deterministic per task id.
 WebArena rows carry only the task id (its 812 task intents live with the user's AgentGym WebArena server).
+
+Task set `agentgym` (TextCraft, BabyAI): ids as AgentGym's servers number them, with neutral prompts that name no
+goal and no action the server does not know, so the same rows fit AgentGym's real server behind the bridge and our
+own servers started with `--task-set agentgym`. `server_task_rows` reads each task's goal off a running server
+instead (`rlfactory envs tasks --server URL`), so the prompt can name it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +28,18 @@ from rlfactory.envs.deepsearch import load_questions
 from rlfactory.envs.textcraft import TextCraftEnv
 from rlfactory.envs.tools import DATA_DIR
 
-# ScienceWorld's task names, in the simulator's order (so task ids match `rlfactory/envs/sciworld.py`).
+# ScienceWorld's task names in the simulator's order (its task ids 1-1, 1-2, ..., 10-2), so that task ids match
+# `rlfactory/envs/sciworld.py`, which takes them from the simulator.
 SCIWORLD_TASKS = (
-    "boil", "change-the-state-of-matter-of", "chemistry-mix", "chemistry-mix-paint-secondary-color",
-    "chemistry-mix-paint-tertiary-color", "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
-    "freeze", "grow-fruit", "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
+    "boil", "melt", "freeze", "change-the-state-of-matter-of", "use-thermometer",
+    "measure-melting-point-known-substance", "measure-melting-point-unknown-substance", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
+    "test-conductivity-of-unknown-substances", "find-living-thing", "find-non-living-thing", "find-plant",
+    "find-animal", "grow-plant", "grow-fruit", "chemistry-mix", "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color", "lifespan-longest-lived", "lifespan-shortest-lived",
+    "lifespan-longest-lived-then-shortest-lived", "identify-life-stages-1", "identify-life-stages-2",
     "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
-    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived", "lifespan-longest-lived-then-shortest-lived",
-    "lifespan-shortest-lived", "measure-melting-point-known-substance", "measure-melting-point-unknown-substance",
-    "melt", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
-    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity", "test-conductivity-of-unknown-substances",
-    "use-thermometer",
+    "inclined-plane-friction-unnamed-surfaces", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant",
 )
 
 # (train ids, val ids) per environment: disjoint ranges.
@@ -80,23 +88,92 @@ PROMPTS = {"textcraft": textcraft_prompt, "babyai": babyai_prompt, "sciworld": s
            "deepsearch": deepsearch_prompt, "webarena": webarena_prompt}
 
 
-def task_rows(env: str, ids: range) -> list[dict[str, Any]]:
-    return [{"id": f"{env}-{i}", "prompt": PROMPTS[env](i), "answer": None, "env": {"server": env, "task_id": i}}
-            for i in ids]
+def textcraft_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
+    what = f": craft {goal}" if goal else ""
+    return (f"TextCraft task {task_id}{what}. The crafting commands and the goal are below. Call step with one "
+            "action at a time: `get <count> <item>`, `craft <count> <item> using <count> <item>, ...` or "
+            "`inventory`. Stop when the goal is crafted.")
+
+
+def babyai_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
+    what = f": {goal}" if goal else ""
+    return (f"BabyAI task {task_id}{what}. Your goal, what you see and the available actions are below. Call step "
+            "with one action at a time, written as the available actions list it (e.g. `move forward`, "
+            "`go to red ball 1`, `check available actions`). Stop when the goal is reached.")
+
+
+def sciworld_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
+    what = f": {goal}" if goal else ""
+    return (f"ScienceWorld task {task_id}{what}. The task and the room are below. Call step with one text command at "
+            "a time (e.g. `look around`, `go to kitchen`, `focus on OBJ`). Stop when the task is done.")
+
+
+AGENTGYM_PROMPTS = {"textcraft": textcraft_agentgym_prompt, "babyai": babyai_agentgym_prompt,
+                    "sciworld": sciworld_agentgym_prompt}
+TASK_SETS = ("rlfactory", "agentgym")
+# What names the task in a reset observation, per environment (ours with the agentgym task set, and AgentGym's).
+GOAL_PATTERNS = {"textcraft": re.compile(r"Goal: craft (.+?)\.\s*$", re.M),
+                 "babyai": re.compile(r"^Your goal: (.+)$", re.M)}
+
+
+def task_rows(env: str, ids: range | list[int], task_set: str = "rlfactory", server: str | None = None,
+              goals: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Rows for `ids` of `env` (`server`: the mcpServers name in `env.server`, default `env`; `goals`: task id ->
+    goal to name in agentgym prompts)."""
+    if task_set not in TASK_SETS:
+        raise ValueError(f"task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
+    if task_set == "agentgym" and env not in AGENTGYM_PROMPTS:
+        raise ValueError(f"task set agentgym: only {', '.join(AGENTGYM_PROMPTS)} have one, not {env!r}")
+    rows = []
+    for i in ids:
+        prompt = PROMPTS[env](i) if task_set == "rlfactory" else AGENTGYM_PROMPTS[env](i, (goals or {}).get(i))
+        rows.append({"id": f"{env}-{i}", "prompt": prompt, "answer": None,
+                     "env": {"server": server or env, "task_id": i}})
+    return rows
+
+
+def server_goals(env: str, url: str, ids: range | list[int], **client_kwargs: Any) -> dict[int, str]:
+    """Each task's goal as a running AgentGym-protocol server states it in its reset observation."""
+    from rlfactory.envs.client import EnvClient  # here: only this reads a server
+
+    if env not in GOAL_PATTERNS:
+        raise ValueError(f"reading goals off a server: only {', '.join(GOAL_PATTERNS)}, not {env!r}")
+    goals: dict[int, str] = {}
+    with EnvClient(env, url, **client_kwargs) as client:
+        for i in ids:
+            observation = client.reset(i).observation
+            m = GOAL_PATTERNS[env].search(observation)
+            if m is None:
+                raise ValueError(f"{url}: the reset observation of task {i} names no goal "
+                                 f"(expected {GOAL_PATTERNS[env].pattern!r}): {observation[:200]!r}")
+            goals[i] = m.group(1).strip()
+    return goals
+
+
+def write_splits(out: Path, envs: list[str], task_set: str = "rlfactory") -> list[Path]:
+    """Write each env's train/val rows (`SPLITS`) into `out`: `{env}_{split}.jsonl`, or `{env}_agentgym_{split}.jsonl`
+    for the agentgym task set."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for env in envs:
+        train, val = SPLITS[env]
+        tag = "" if task_set == "rlfactory" else f"_{task_set}"
+        for split, ids in (("train", train), ("val", val)):
+            path = out / f"{env}{tag}_{split}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in task_rows(env, ids, task_set)))
+            written.append(path)
+    return written
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(DATA_DIR / "tasks"))
-    p.add_argument("--envs", default=",".join(SPLITS))
+    p.add_argument("--envs", default=None, help="comma-separated (default: every env of the task set)")
+    p.add_argument("--task-set", choices=TASK_SETS, default="rlfactory")
     args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for env in args.envs.split(","):
-        train, val = SPLITS[env]
-        for split, ids in (("train", train), ("val", val)):
-            path = out / f"{env}_{split}.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in task_rows(env, ids)))
+    default = SPLITS if args.task_set == "rlfactory" else AGENTGYM_PROMPTS
+    envs = args.envs.split(",") if args.envs else list(default)
+    write_splits(Path(args.out), envs, args.task_set)
 
 
 if __name__ == "__main__":

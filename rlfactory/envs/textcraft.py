@@ -8,6 +8,13 @@ game data files of unclear licence.
 Actions (AgentGym's wording): `get <count> <item>`, `craft <count> <item> using <count> <item>, <count> <item>`,
 `inventory`. A task id picks a goal deterministically among items at crafting depth >= 2; the reset observation
 lists the recipes needed plus up to 10 distractors. Reward 1.0 and done when the goal item is crafted.
+Task sets: `rlfactory` (the default: goals at depth >= 2, by name) and `agentgym`, which follows AgentGym's server:
+every craftable item (depth >= 1) is a goal, ordered by depth (shallowest first), task `idx` is goal
+`idx % len(goals)`. AgentGym breaks depth ties by the order its recipe folder happens to list on disk and plays
+Minecraft's own recipes, which we do not ship; so give `goal_order` (the goal names by AgentGym task id, as
+`rlfactory envs tasks --server URL --goals-out FILE` reads them off a running AgentGym server) for the same goal
+per id; without it ties go by name, and only the depth band of an id matches. A goal of that list our recipe set
+cannot craft is an error naming it at reset (docs/environments.md lists the differences).
 Left out: tag-based ingredients ("any planks"), and smelting.
 """
 from __future__ import annotations
@@ -20,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rlfactory.envs.tools import DATA_DIR
-from rlfactory.envs.types import StepResult
+from rlfactory.envs.types import EnvError, StepResult
 
 DEFAULT_RECIPES = DATA_DIR / "textcraft_recipes.json"
 MAX_DISTRACTORS = 10
@@ -30,6 +37,7 @@ HELP = ("Valid actions: `get <count> <item>` (base items only), "
 _CRAFT = re.compile(r"^craft\s+(?:(\d+)\s+)?(.+?)\s+using\s+(.+)$", re.I)
 _GET = re.compile(r"^get\s+(\d+)\s+(.+)$", re.I)
 _COUNTED = re.compile(r"^(\d+)\s+(.+)$")
+TASK_SETS = ("rlfactory", "agentgym")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,8 @@ class RecipeBook:
             self._depth(item, ())
         # Sorted so a task id means the same goal on every machine and every run.
         self.goals = sorted(i for i, d in self.depth.items() if d >= 2)
+        # AgentGym's pool: every craftable item, shallowest first (ties by name here; see the module docstring).
+        self.agentgym_goals = sorted(self.by_output, key=lambda i: (self.depth[i], i))
 
     def _depth(self, item: str, stack: tuple[str, ...]) -> int:
         if item in self.base_items:
@@ -106,6 +116,23 @@ def load_recipe_book(path: str = str(DEFAULT_RECIPES)) -> RecipeBook:
     return RecipeBook(recipes)
 
 
+def load_goal_order(source: str | list[str]) -> list[str]:
+    """Goal names by AgentGym task id: a list, or a JSON file holding one (`{"goals": [...]}` or a bare list)."""
+    if isinstance(source, list):
+        goals = source
+    else:
+        try:
+            doc = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{source}: not a TextCraft goal order file ({e}); expected "
+                             '{"goals": ["light blue dye", ...]} with the goal of each AgentGym task id') from e
+        goals = doc.get("goals") if isinstance(doc, dict) else doc
+    if not isinstance(goals, list) or not goals or not all(isinstance(g, str) for g in goals):
+        raise ValueError(f"{source if isinstance(source, str) else 'goal_order'}: `goals` must be a non-empty list "
+                         "of item names")
+    return [_norm(g) for g in goals]
+
+
 def _parse_counted(text: str) -> tuple[str, int] | None:
     m = _COUNTED.match(text.strip())
     if not m:
@@ -120,8 +147,16 @@ def _norm(item: str) -> str:
 class TextCraftEnv:
     """One TextCraft episode. `reset(task_id)` starts a task; `step(action)` plays one command."""
 
-    def __init__(self, recipes_path: str | None = None):
+    def __init__(self, recipes_path: str | None = None, task_set: str = "rlfactory",
+                 goal_order: str | list[str] | None = None):
+        if task_set not in TASK_SETS:
+            raise ValueError(f"TextCraft task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
         self.book = load_recipe_book(recipes_path or str(DEFAULT_RECIPES))
+        self.task_set = task_set
+        if goal_order is not None and task_set != "agentgym":
+            raise ValueError("TextCraft goal_order: only the agentgym task set takes a goal order")
+        self.goals = self.book.goals if task_set == "rlfactory" else (
+            load_goal_order(goal_order) if goal_order is not None else self.book.agentgym_goals)
         self.inventory: dict[str, int] = {}
         self.goal: str | None = None
         self.task_id: int | None = None
@@ -131,11 +166,15 @@ class TextCraftEnv:
 
     @property
     def num_tasks(self) -> int:
-        return len(self.book.goals)
+        return len(self.goals)
 
     def reset(self, task_id: int = 0) -> StepResult:
+        goal = self.goals[int(task_id) % len(self.goals)]
+        if goal not in self.book.by_output:
+            raise EnvError(f"TextCraft task {task_id} of the agentgym goal order is {goal!r}, which this recipe set "
+                           "cannot craft (AgentGym plays Minecraft's recipes; see docs/environments.md)")
         self.task_id = int(task_id)
-        self.goal = self.book.goals[self.task_id % len(self.book.goals)]
+        self.goal = goal
         self.inventory = {}
         self.done = False
         self.score = 0.0

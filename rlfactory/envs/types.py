@@ -9,6 +9,18 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from rlfactory.errors import RLFactoryError
+
+
+class EnvError(RLFactoryError):
+    """An environment could not do what was asked (its server is unreachable or answered with an error). The MCP
+    env servers answer it as an error result carrying the message, never as an observation: a failed `reset`
+    makes the trajectory an error (counted in `rollout/errors`), a failed `step` is a tool error the policy sees."""
+
+    infra = False
+    """True when the failure is the infrastructure's (the environment's server is unreachable), not the
+    environment's answer: the error result is then marked so (`ToolResult.infra`) and kept out of the loss."""
+
 
 class StepResult(BaseModel):
     """What the agent sees after `reset` or `step`."""

@@ -36,7 +36,7 @@ from rlfactory import __version__
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.stdio_transport import REPLY_TOO_LARGE, REPLY_UNREADABLE, base_environment, stdio_transport
-from rlfactory.tools.types import ToolResult, ToolSpec
+from rlfactory.tools.types import INFRA_KEY, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,10 @@ def to_tool_result(result: Any, name: str, server: str) -> ToolResult:
     text = content[0].text if len(content) == 1 and content[0].type == "text" else "\n".join(
         _content_text(b) for b in content)
     is_error = bool(result.is_error)
+    structured = result.structured_content
+    infra = is_error and isinstance(structured, dict) and structured.get(INFRA_KEY) is True
     return ToolResult(name=name, text=text, is_error=is_error, error_kind="tool_error" if is_error else None,
-                      server=server, structured=result.structured_content)
+                      server=server, structured=structured, infra=infra)
 
 
 def error_result(name: str, server: str | None, kind: str, text: str, *, infra: bool = False) -> ToolResult:
@@ -215,6 +217,28 @@ class MCPConnection:
             if not page.next_cursor:
                 return specs
             params = mcp_types.PaginatedRequestParams(cursor=page.next_cursor)
+
+    async def resource_uris(self) -> list[str]:
+        """The URIs of the resources the server lists (empty when it serves none)."""
+        session = self._session()
+        uris: list[str] = []
+        params = None
+        while True:
+            try:
+                page = await session.list_resources(params=params)
+            except MCPError as e:
+                if e.code == mcp_types.METHOD_NOT_FOUND:  # a server without resources
+                    return uris
+                raise
+            uris.extend(str(r.uri) for r in page.resources)
+            if not page.next_cursor:
+                return uris
+            params = mcp_types.PaginatedRequestParams(cursor=page.next_cursor)
+
+    async def read_text_resource(self, uri: str) -> str:
+        """The text of resource `uri` (its text parts joined)."""
+        result = await self._session().read_resource(uri)
+        return "".join(getattr(c, "text", "") or "" for c in result.contents)
 
     async def call(self, tool: str, arguments: dict[str, Any], name: str, timeout_s: float) -> ToolResult:
         """Call a tool; a tool failure or a timeout is an error result; a dead session raises ConnectionLost."""

@@ -4,7 +4,9 @@ cache backend.
 
 The probe calls a tool that declares readOnlyHint and idempotentHint, with the smallest arguments its schema allows
 (so it has no side effects); a server without such a tool gets a `tools/list` round trip instead. A server is
-healthy when it starts and answers the probe — a tool error from the minimal arguments still proves the round trip.
+healthy when it starts and answers the probe — a tool error from the minimal arguments still proves the round trip —
+and, when it publishes the `rlfactory://health` resource (the AgentGym bridge does, for its upstream HTTP server),
+that resource says ok.
 
 Servers prepare themselves at start-up (e.g. the search server builds its index on first start), so "prepare" here
 is starting them once; the embedded cache is launched when it is the configured backend.
@@ -14,6 +16,7 @@ Left out: printing (`rlfactory/cli/tools.py`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -28,7 +31,7 @@ from rlfactory.tools.cache.base import CACHE_URL_ENV
 from rlfactory.tools.cache.factory import make_cache
 from rlfactory.tools.mcp_configs import ServerConfig, default_config_paths, load_mcp_configs
 from rlfactory.tools.server import ToolServer
-from rlfactory.tools.types import ToolResult, ToolSpec
+from rlfactory.tools.types import HEALTH_URI, ToolResult, ToolSpec
 
 _PROBE_VALUES = {"string": "1", "integer": 1, "number": 1, "boolean": False, "array": [], "object": {},
                  "null": None}
@@ -58,6 +61,8 @@ class ServerReport:
     server_info: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
     probe: ProbeReport | None = None
+    health: str | None = None
+    """What the server's `rlfactory://health` resource said (None: it publishes none)."""
 
 
 @dataclass
@@ -144,6 +149,24 @@ async def _probe(server: ToolServer) -> ProbeReport:
         return ProbeReport(None, None, False, time.perf_counter() - t0, f"tools/list failed: {e!r}")
 
 
+async def server_health(server: ToolServer) -> tuple[bool, str | None]:
+    """What a started server's `rlfactory://health` resource says: (ok, detail); (True, None) when it publishes
+    none. Also used by `rlfactory envs doctor`."""
+    conn = server.connections[0]
+    timeout = server.settings.tool_timeout_s
+    try:
+        if HEALTH_URI not in await asyncio.wait_for(conn.resource_uris(), timeout):
+            return True, None
+        text = await asyncio.wait_for(conn.read_text_resource(HEALTH_URI), timeout)
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        return False, f"reading {HEALTH_URI} failed: {type(e).__name__}: {e}"
+    try:
+        data = json.loads(text)
+        return bool(data["ok"]), str(data.get("detail", ""))
+    except (ValueError, KeyError, TypeError):
+        return False, f"{HEALTH_URI} is not JSON with an `ok` field: {text[:200]!r}"
+
+
 async def check_server(cfg: ServerConfig, *, probe: bool = True, extra_env: dict[str, str] | None = None
                        ) -> ServerReport:
     report = ServerReport(cfg.name, cfg.source, cfg.transport, cfg.describe(), ok=False)
@@ -164,6 +187,10 @@ async def check_server(cfg: ServerConfig, *, probe: bool = True, extra_env: dict
             if not report.probe.ok:
                 report.error = f"probe call failed: {report.probe.detail}"
                 return report
+        ok, report.health = await server_health(server)
+        if not ok:
+            report.error = f"health check failed: {report.health}"
+            return report
         report.ok = True
         return report
     finally:

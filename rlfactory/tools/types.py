@@ -8,6 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+HEALTH_URI = "rlfactory://health"
+"""A server may publish this resource (JSON `{"ok": bool, "detail": str}`) to say whether what it fronts is usable
+(e.g. the AgentGym bridge's upstream HTTP server); `rlfactory setup-mcp` reads it and fails the server when not ok.
+A resource, not a tool, so the policy never sees it."""
+INFRA_KEY = "rlfactory/infra"
+"""A server marks an error result as an infrastructure failure (not the tool's answer to these arguments, e.g. the
+AgentGym server behind the bridge is unreachable) with structured content `{INFRA_KEY: true}`; the client adapter
+turns it into `ToolResult.infra`, so the trainer keeps the trajectory out of the loss."""
+
 
 class ToolSpec(BaseModel):
     """A tool as the policy sees it. `name` is what the model must call: the bare tool name when unique across

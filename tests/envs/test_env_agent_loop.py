@@ -230,3 +230,75 @@ async def test_episodes_close_whatever_ends_the_trajectory(tok):
     assert [t.finish_reason for t in errored] == ["error", "error"]
     assert all("engine failure" in t.error and len(t.tool_calls) == 2 for t in errored)
     assert [t.finish_reason for t in horizon_hit] == ["max_turns", "max_turns"]
+
+
+async def test_a_failed_reset_is_a_counted_error_never_an_observation(tok, tmp_path, free_port):
+    # The AgentGym bridge in front of a closed port: the task's reset fails before the first turn.
+    cfg_file = tmp_path / "dead.json"
+    cfg_file.write_text(json.dumps({"mcpServers": {"textcraft": {
+        "command": "python", "args": [str(REPO / "envs/tools/agentgym_bridge.py"), "--url",
+                                      f"http://127.0.0.1:{free_port}", "--env", "textcraft", "--timeout-s", "2"],
+        "rlfactory": {"cache": False}}}}))
+    dead = ToolsConfig(mcp_configs=[str(cfg_file)], servers=["textcraft"])
+    async with ToolManager.from_recipe(dead) as tools:
+        chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
+        policy = SolverPolicy(tok)
+        trajs, metrics = await AgentLoop(policy, tools, chat, cfg()).run_batch(
+            [task_row("textcraft", 0), task_row("textcraft", 1)], samples_per_prompt=1)
+    assert [t.finish_reason for t in trajs] == ["error", "error"]
+    assert metrics["rollout/errors"] == 2
+    assert all("could not open the task's episode" in t.error and "is the server running" in t.error for t in trajs)
+    assert policy.contexts == []  # the policy never read the failure as an observation
+
+
+class GoalWordsPolicy(SolverPolicy):
+    """Plays AgentGym-style BabyAI GoTo tasks from the words it reads: `go to <colour> <type> 1` for the goal."""
+
+    def _planner(self, context: str) -> Callable[[str], str]:
+        obs = last_user_turn(context)
+        target = re.search(r"^Your goal: go to (?:the|a) (.+)$", obs, re.M).group(1)
+        return lambda _obs: f"go to {target} 1"
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       request_id: str | None = None) -> GenerationOutput:
+        traj_id, _ = request_id.rsplit("#", 1)
+        context = self.tok.decode(prompt_ids)
+        self.contexts.append(context)
+        if traj_id not in self.plans:
+            self.plans[traj_id] = self._planner(context)
+        text = self._call("babyai.step", {"action": self.plans[traj_id](last_user_turn(context))})
+        ids = self.tok.encode(text + "<|im_end|>", add_special_tokens=False)
+        self.outputs[request_id] = ids
+        return GenerationOutput(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
+
+
+async def test_agentgym_rows_through_the_bridge_to_an_agentgym_style_server(tok, tmp_path, free_port):
+    # The stand-in AgentGym BabyAI server (its reply shapes, AgentGym's task ids and action words) behind the real
+    # bridge; the rows are the shipped agentgym rows, whose prompts name no action the server lacks.
+    from test_env_bridge import start_http_server
+
+    proc = start_http_server(free_port, "--task-set", "agentgym", env="babyai")
+    try:
+        cfg_file = tmp_path / "agentgym.json"
+        cfg_file.write_text(json.dumps({"mcpServers": {"babyai": {
+            "command": "python", "args": [str(REPO / "envs/tools/agentgym_bridge.py"), "--url",
+                                          f"http://127.0.0.1:{free_port}", "--env", "babyai"],
+            "rlfactory": {"cache": False}}}}))
+        with open(TASKS / "babyai_agentgym_train.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        tasks = [rows[1], rows[2]]  # GoToRedBall, GoToRedBallNoDists (seed 0)
+        async with ToolManager.from_recipe(ToolsConfig(mcp_configs=[str(cfg_file)], servers=["babyai"])) as tools:
+            chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
+            policy = GoalWordsPolicy(tok)
+            trajs, metrics = await AgentLoop(policy, tools, chat, cfg()).run_batch(tasks, samples_per_prompt=1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert metrics["rollout/errors"] == 0 and [t.finish_reason for t in trajs] == ["env_done"] * 2, [
+        (t.finish_reason, t.error) for t in trajs]
+    for t in trajs:
+        prompt = tok.decode(t.prompt_ids)
+        assert "Your goal: go to the red ball" in prompt and "Available actions: [" in prompt
+        assert "go forward" not in prompt
+        last = t.tool_calls[-1].structured
+        assert last["done"] and last["reward"] > 0 and last["task_id"] == t.task["env"]["task_id"]

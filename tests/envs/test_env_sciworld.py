@@ -39,3 +39,45 @@ async def test_sciworld_gold_path_scores_1_and_bad_actions_get_hints(open_env):
         assert s["done"] and s["score"] == 1.0, s
         _, closed = await env.call("close", episode_id="s")
         assert closed["closed"] and (await env.stats())["open"] == 0
+
+
+@pytest.mark.slow
+def test_sciworld_agentgym_task_ids_follow_the_servers_list():
+    # AgentGym's SciWorld server: one flat list, task by task in ScienceWorld's order, every variation of each,
+    # without the task ids 5-1, 5-2, 9-1, 9-2, 9-3, 10-1, 10-2; data_idx indexes it.
+    from scienceworld import ScienceWorldEnv
+    from scienceworld.constants import ID2TASK
+
+    from rlfactory.envs.sciworld import SciWorldEnv
+    from rlfactory.envs.tasks import SCIWORLD_TASKS
+    from rlfactory.envs.types import EnvError
+
+    assert list(SCIWORLD_TASKS) == list(ID2TASK.values())  # the prompts' task names follow the simulator's order
+    left_out = {"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"}
+    ref = ScienceWorldEnv("", envStepLimit=100)
+    try:
+        expected = [(name, v) for key, name in ID2TASK.items() if key not in left_out
+                    for v in range(ref.get_max_variations(name))]
+    finally:
+        ref.close()
+    env = SciWorldEnv(task_set="agentgym")
+    try:
+        for i in (0, 1, len(expected) // 2, len(expected) - 1):
+            first = env.reset(i)
+            assert (first.info["task_name"], first.info["variation"]) == expected[i]
+            assert first.observation.startswith("Your task is to")
+        with pytest.raises(EnvError, match=f"{len(expected)} tasks"):
+            env.reset(len(expected))
+    finally:
+        env.close()
+    assert not {"grow-plant", "inclined-plane-determine-angle", "mendelian-genetics-known-plant"} & {
+        name for name, _ in expected}
+
+
+@pytest.mark.slow
+async def test_sciworld_agentgym_task_set_over_mcp(open_env):
+    async with open_env("sciworld.py", "--task-set", "agentgym") as env:
+        _, s = await env.call("reset", task_id=14, episode_id="a")  # boil has 30 variations: id 14 is boil's 15th
+        assert s["task_id"] == 14 and s["observation"].startswith("Your task is to boil")
+        result = await env.session.call_tool("reset", {"task_id": 10**6, "episode_id": "b"})
+        assert result.is_error and "AgentGym's task list has" in result.content[0].text
