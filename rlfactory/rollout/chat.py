@@ -81,7 +81,8 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         """Plain text to ids (no BOS/EOS added); special-token strings in `text` map to their single ids."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # verbose=False: a long tool output is cut to its budget afterwards; no "sequence too long" warning
+        return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
     def decode(self, ids: list[int]) -> str:
         """Ids to text, special tokens kept. For viewing, rewards and parsing only: never re-encode the result."""
