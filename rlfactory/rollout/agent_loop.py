@@ -148,7 +148,7 @@ class AgentLoop:
             traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
             observation = await env.open(task, self.tools)
             if observation is not None:  # part of the prompt: rendered once by the template, never a delta
-                traj.messages.append({"role": "user", "content": self._truncate(observation)})
+                traj.messages.append({"role": "user", "content": self._truncate(self.chat.neutralize(observation))})
             traj.prompt_ids = self.chat.prompt_ids(traj.messages)
             await self._turns(traj, horizon, sampling or self.default_sampling(), seed, timings, env)
         except asyncio.CancelledError:
@@ -223,7 +223,7 @@ class AgentLoop:
             tool_msgs = []
             call_iter = iter(calls)
             for slot, result in zip(parsed.slots, results):
-                seen = self._truncate(response_text(result), error=result.is_error)
+                seen = self._truncate(chat.neutralize(response_text(result)), error=result.is_error)
                 tool_msgs.append({"role": "tool", "name": result.name, "content": seen})
                 args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
                 traj.tool_calls.append(ToolCallRecord(

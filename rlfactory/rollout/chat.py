@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -28,6 +29,8 @@ PROMPT_CACHE_SIZE = 1024
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
+ZWSP = "\u200b"
+"""What `ChatFormat.neutralize` puts inside markup found in outside text."""
 TOOL_CALL_END = "</tool_call>"
 END_OF_TEXT = "<|endoftext|>"
 
@@ -68,6 +71,17 @@ class ChatFormat:
         # The generation prompt alone (e.g. "<|im_start|>assistant\n" or with "<think>\n\n</think>\n\n"): its
         # tokens end every delta, so callers can check a delta or count its overhead.
         self.generation_prompt_ids = self.tool_response_delta([])[1:]
+        markup = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1), key=len, reverse=True)
+        self._markup = re.compile("|".join(map(re.escape, markup))) if markup else None
+
+    def neutralize(self, text: str) -> str:
+        """`text` with each added-token string in it (`<|im_end|>`, `<|im_start|>`, `<tool_call>`, `</tool_response>`,
+        `<think>`…) broken by a zero-width space after its first character, so that text from outside (tool output,
+        an environment's observation) is read as text and never as chat-template markup. A tool could otherwise end
+        its own response and start a fake turn. Idempotent."""
+        if self._markup is None or not text:
+            return text
+        return self._markup.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
 
     # ---- token ids -------------------------------------------------------------------------------------------
     def _single_token_id(self, token: str) -> int:
@@ -141,7 +155,8 @@ class ChatFormat:
         dummy = [
             {"role": "user", "content": _DUMMY_USER},
             {"role": "assistant", "content": _DUMMY_ASSISTANT},
-            *tool_messages,
+            *({**m, "content": self.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
+              for m in tool_messages),
         ]
         text = self._render(dummy, add_generation_prompt=True)
         at = text.rfind(_DUMMY_ASSISTANT)
