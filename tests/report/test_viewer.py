@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from browser import chromium_path
 
 from rlfactory.report.viewer import render_html, write_html
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
@@ -14,16 +14,8 @@ from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
 XSS = '<img src=x onerror="document.title=\'pwned\'"></pre><script>document.title="pwned"</script>'
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
 def _dump_dom(url: str, tmp: Path) -> str:
-    exe = _chromium()
+    exe = chromium_path()
     if exe is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
     cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
