@@ -53,17 +53,22 @@ async def test_junk_replies_are_retried_then_raise(served_model):
 
 
 async def test_timeouts_are_retried_then_raise_and_the_server_stops_generating(served_model):
+    # 4,000 tokens take this server about 20 s, so a 1 s timeout always fires first, and 1 s is ample for each
+    # request to reach the server however loaded the machine is (the count is awaited, not sampled).
     before = served_model.health()
     with pytest.raises(JudgeError, match="after 2 attempts: timed out"):
-        await llm_judge("42", TASK, "42", base_url=served_model.base_url, model="tiny-random", max_tokens=400,
-                        temperature=1.0, timeout_s=0.05, retries=1, backoff_s=0.01)
+        await llm_judge("42", TASK, "42", base_url=served_model.base_url, model="tiny-random", max_tokens=4000,
+                        temperature=1.0, timeout_s=1.0, retries=1, backoff_s=0.01)
+    deadline = time.monotonic() + 60
+    while served_model.health()["requests"] - before["requests"] < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
     assert served_model.health()["requests"] - before["requests"] == 2
     # serve cancels a generation whose client hung up: wait until the engine is idle, then count tokens
     previous, now = -1, served_model.health()["engine"]["generated_tokens"]
     while now != previous:
         await asyncio.sleep(1.0)
         previous, now = now, served_model.health()["engine"]["generated_tokens"]
-    assert now - before["engine"]["generated_tokens"] < 400  # two abandoned requests, not 2 x 400 tokens
+    assert now - before["engine"]["generated_tokens"] < 4000  # two abandoned requests, not 2 x 4,000 tokens
 
 
 async def test_forced_choice_scores_and_second_call_is_a_cache_hit(served_model, redis_server, tmp_path):
