@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "envs"))  # the scripted solvers live beside the tests
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -41,7 +40,7 @@ def babyai_env():
 
 def plan_for(env_name: str, task_id: int) -> list[str]:
     """The scripted solver's actions for one task, computed outside the timed region."""
-    from solvers import BabyAIShadow, textcraft_plan
+    from rlfactory.envs.solvers import BabyAIShadow, textcraft_plan
 
     if env_name == "textcraft":
         env = textcraft_env()

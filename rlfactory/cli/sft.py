@@ -38,9 +38,15 @@ def sft_cmd(
     bar: dict[str, Any] = {}
 
     def on_event(kind: str, info: dict[str, Any]) -> None:
-        if kind == "demos":
+        if kind == "demos" and "tool" in info:
             console.print(f"demos [bold]{info['name']}[/bold]: {info['tool']} through the tool, {info['direct']} "
                           f"direct, {info['tool_errors'] + info['wrong_results']} dropped ({info['seconds']:.1f} s)")
+        elif kind == "demos":  # an environment demonstrator: kept per style, dropped per reason
+            kept = ", ".join(f"{v:.0f} {k}" for k, v in info.items() if k not in ("name", "seconds")
+                             and not k.startswith("dropped_"))
+            dropped = ", ".join(f"{v:.0f} {k[8:]}" for k, v in info.items() if k.startswith("dropped_"))
+            console.print(f"demos [bold]{info['name']}[/bold]: kept {kept or 'none'}; dropped {dropped or 'none'} "
+                          f"({info['seconds']:.1f} s)")
         elif kind == "model":
             console.print(f"model: {info['parameters'] / 1e6:.2f} M parameters, vocab {info['vocab']}, prompt "
                           f"{info['prompt_tokens']:.0f} tokens, transcripts {info['transcript_tokens_mean']:.0f} "
@@ -57,6 +63,12 @@ def sft_cmd(
         elif kind == "check":
             verdict = "[green]usable start for GRPO[/green]" if info["usable"] else \
                 f"[red]NOT a usable start[/red] ({'; '.join(info['problems'])}): train longer or change sft.seed"
+            if "success" in info:
+                split = "training" if info.get("split") == "train" else "validation"
+                console.print(f"check on {info['trajectories']} {split} tasks through the real environment: "
+                              f"success {info['success']:.2f}, {info['turns_mean']:.1f} turns per episode, "
+                              f"well-formed calls {info['well_formed']:.2f} -> {verdict}", highlight=False)
+                return
             console.print(f"check on {info['trajectories']} validation tasks through the real tools: call rate "
                           f"{info['call_rate']:.2f}, call accuracy {info['call_accuracy']:.2f}, copy accuracy "
                           f"{info['copy_accuracy']:.2f}, reward {info['reward']:.2f} -> {verdict}", highlight=False)

@@ -58,6 +58,24 @@ class DemoSetConfig(Section):
     """JSONL tasks (prompt/answer/id) to demonstrate, relative to the recipe; empty = generated arithmetic tasks."""
     digits: list[int] = Field(default_factory=lambda: [3, 4])
     """Operand digit counts of generated arithmetic tasks."""
+    policy: Literal["calculator", "textcraft", "babyai"] = "calculator"
+    """The scripted demonstrator: `calculator` (arithmetic tasks, the calculator tool) or an environment solver
+    that plays `tasks_file`'s tasks through the environment's server (rlfactory/warmup/env_demos.py)."""
+    styles: dict[str, float] = Field(default_factory=dict)
+    """Environment demonstrators: weights of their styles (textcraft: plan; babyai: walk, macro); empty = the
+    first style only."""
+    max_turns: int | None = Field(None, ge=2)
+    """Environment demonstrators: turns an episode may take (as the rollout horizon counts them); empty = the
+    recipe's largest horizon. Longer episodes are dropped."""
+
+    @model_validator(mode="after")
+    def _env_policy_needs_tasks(self) -> "DemoSetConfig":
+        if self.policy != "calculator" and not self.tasks_file:
+            raise ValueError(f"policy {self.policy!r} plays environment tasks: set tasks_file (e.g. "
+                             f"pkg://rlfactory.envs.tools/data/tasks/{self.policy}_agentgym_train.jsonl)")
+        if self.policy == "calculator" and self.styles:
+            raise ValueError("styles are for environment demonstrators; the calculator uses direct_fraction")
+        return self
 
 
 class SFTPhase(Section):
@@ -80,6 +98,9 @@ class SFTCheckConfig(Section):
     """Validation tasks to roll out (0 = skip the check)."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (the GRPO recipe's, to see the start GRPO will see)."""
+    split: Literal["val", "train"] = "val"
+    """Tasks to roll out: `val` (data.val_file, how the start does on tasks it has not seen) or `train`
+    (data.train_file, the tasks GRPO's groups will come from)."""
     min_call_accuracy: float = Field(0.5, ge=0.0, le=1.0)
     """Of the trajectories that call a tool, the share whose first call is exactly right must reach this."""
     min_copy_accuracy: float = Field(0.5, ge=0.0, le=1.0)

@@ -10,6 +10,10 @@ and the recipe's real tools, exactly as in training) and report:
 The start is usable when call and copy accuracy reach the configured bars (copying "switches on" at a step that
 depends on the seed, so this is checked, not assumed) and the model neither always nor never calls the tool.
 
+For environment tasks (rows naming `env: {server, task_id}`) the figures are instead `success` (the environment
+finished the episode with a positive score), `turns_mean`, `well_formed` (share of turns whose call parsed) and
+`errors`; the start is usable when the sampled success rate is neither 0 nor 1 (GRPO's groups must disagree).
+
 Left out: judging tasks other than those the scripted policies know (call accuracy is then not measured).
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from rlfactory.data.tasks import load_tasks
 from rlfactory.recipe.schema import Recipe
 from rlfactory.recipe.sft import SFTCheckConfig
+from rlfactory.rewards.env import env_success
 from rlfactory.rewards.qa import extract_answer
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
@@ -58,10 +63,32 @@ def score_trajectories(trajs: list[Any]) -> dict[str, float]:
     }
 
 
+def score_env_trajectories(trajs: list[Any]) -> dict[str, float]:
+    """The check's figures for environment episodes."""
+    n = len(trajs)
+    turns = sum(t.num_turns for t in trajs)
+    calls = sum(len(t.tool_calls) for t in trajs)
+    return {
+        "trajectories": n,
+        # a positive final score: BabyAI scores a success below 1 (fewer steps, more score), TextCraft scores it 1
+        "success": sum(env_success(t, threshold=1e-9) for t in trajs) / n if n else 0.0,
+        "turns_mean": turns / n if n else 0.0,
+        "well_formed": min(1.0, calls / turns) if turns else 0.0,
+        "errors": sum(t.finish_reason == "error" for t in trajs),
+    }
+
+
+def _env_problems(figures: dict[str, Any]) -> list[str]:
+    if figures["success"] in (0.0, 1.0):
+        return [f"success rate {figures['success']:.2f}: GRPO groups would all agree"]
+    return []
+
+
 async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, tokenizer: Any, manager: Any,
                              seed: int = 0) -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
-    tasks = load_tasks(recipe.data.val_file, recipe.data, limit=cfg.tasks)
+    tasks = load_tasks(recipe.data.train_file if cfg.split == "train" else recipe.data.val_file, recipe.data,
+                       limit=cfg.tasks)
     chat = ChatFormat(tokenizer, manager.openai_schemas(), enable_thinking=recipe.rollout.enable_thinking,
                       system_prompt=recipe.rollout.system_prompt)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=chat.stop_token_ids,
@@ -72,6 +99,16 @@ async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, to
         trajs, _ = await loop.run_batch(tasks, samples_per_prompt=1, seed=seed, sampling=sampling)
     finally:
         await engine.close()
+    if any(t.get("env") or (t.get("metadata") or {}).get("env") for t in tasks):
+        figures = score_env_trajectories(trajs)
+        figures["split"] = cfg.split
+        figures["problems"] = _env_problems(figures)
+        figures["usable"] = not figures["problems"]
+        (logger.warning if figures["problems"] else logger.info)(
+            "the warm-up %s a usable start for GRPO: success %.2f, %.1f turns per episode%s",
+            "is NOT" if figures["problems"] else "is", figures["success"], figures["turns_mean"],
+            f" ({'; '.join(figures['problems'])})" if figures["problems"] else "")
+        return figures
     figures = score_trajectories(trajs)
     problems = []
     if figures["call_accuracy"] < cfg.min_call_accuracy:

@@ -24,12 +24,14 @@ from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_mod
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import format_validation_errors
-from rlfactory.recipe.schema import Recipe
+from rlfactory.recipe.schema import Recipe, _abs
 from rlfactory.recipe.sft import SFTConfig
 from rlfactory.rollout.chat import ChatFormat
+from rlfactory.rollout.horizon import max_horizon
 from rlfactory.tools.manager import ToolManager
 from rlfactory.warmup.check import usable_start_check
 from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
+from rlfactory.warmup.env_demos import ENV_POLICIES, generate_env_demos
 from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
 from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
 
@@ -74,8 +76,7 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
     base = path.resolve().parent
 
     def resolve(p: str) -> str:
-        q = Path(p).expanduser()
-        return str(q if q.is_absolute() else (base / q).resolve())
+        return _abs(p, base)  # the recipe's own rule: relative to its folder, or a pkg:// file
 
     sft.output_dir = resolve(sft.output_dir)
     for d in sft.demos:
@@ -102,8 +103,24 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
             t0 = time.perf_counter()
             tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
                 d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
-            demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
-                                                policy=calculator_policy, system_prompt=recipe.rollout.system_prompt)
+            if d.policy == "calculator":
+                demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
+                                                    policy=calculator_policy,
+                                                    system_prompt=recipe.rollout.system_prompt)
+            else:
+                if len(tasks) < d.n:  # an environment's task file is finite: go round it again
+                    tasks = [tasks[i % len(tasks)] for i in range(d.n)]
+                try:
+                    demos, stats = await generate_env_demos(
+                        tasks, manager, policy=d.policy, styles=d.styles or {ENV_POLICIES[d.policy][0]: 1.0},
+                        max_turns=d.max_turns or max_horizon(recipe.rollout.horizon), seed=d.seed,
+                        system_prompt=recipe.rollout.system_prompt)
+                except ValueError as e:
+                    raise ConfigError(f"sft.demos ({d.name}): {e}", file=recipe.source) from e
+                if not demos:
+                    raise ConfigError(f"sft.demos ({d.name}): the {d.policy} demonstrator solved none of its "
+                                      f"{len(tasks)} tasks within {d.max_turns or max_horizon(recipe.rollout.horizon)}"
+                                      f" turns ({stats}); raise max_turns or change the tasks", file=recipe.source)
             write_jsonl(demos, out_dir / f"{d.name}.jsonl")
             sets[d.name] = demos
             if progress:
@@ -186,7 +203,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
         "steps": len(history), "train_s": train_s, "total_s": time.perf_counter() - t_start,
         "loss_first": history[0]["loss"], "loss_last": sum(r["loss"] for r in history[-20:]) / min(20, len(history)),
         "phases": [p.model_dump() for p in sft.phases], "torch_threads": sft.torch_threads, "seed": sft.seed,
-        "check": {},
+        "check": {}, "made_by": f"rlfactory sft {_shown(recipe.source)}",
     }
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     with open(work / "sft_history.jsonl", "w") as f:
@@ -198,11 +215,21 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
     return summary
 
 
+def _shown(source: str | None) -> str:
+    """The recipe path as a user would type it: relative to the working folder when inside it."""
+    if not source:
+        return "RECIPE"
+    try:
+        return str(Path(source).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(source)
+
+
 async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokenizer: Any = None,
                       progress: ProgressFn | None = None) -> dict[str, Any]:
     """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
     Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
-    if not (sft.check.tasks and recipe.data.val_file):
+    if not (sft.check.tasks and (recipe.data.train_file if sft.check.split == "train" else recipe.data.val_file)):
         return {}
     if model is None:
         model = load_model(sft.output_dir, dtype="float32", device="cpu")

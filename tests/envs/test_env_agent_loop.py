@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from solvers import BabyAIShadow, textcraft_plan
 
+from rlfactory.envs.solvers import BabyAIShadow, textcraft_plan
 from rlfactory.recipe.rewards import RewardsConfig
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.recipe.tools import ToolsConfig

@@ -10,12 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from solvers import textcraft_plan
 from test_env_bridge import start_http_server
 
 from rlfactory.envs.babyai import BabyAIEnv
 from rlfactory.envs.babyai_agentgym import AGENTGYM_LEVELS, NOT_RECOGNIZED, RENAMED
 from rlfactory.envs.client import EnvClient
+from rlfactory.envs.solvers import textcraft_plan
 from rlfactory.envs.tasks import server_goals, task_rows
 from rlfactory.envs.textcraft import TextCraftEnv
 from rlfactory.envs.types import EnvError

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
-from solvers import BabyAIShadow
 
 from rlfactory.envs.babyai import ACTIONS, DEFAULT_LEVELS, BabyAIEnv, describe_view
+from rlfactory.envs.solvers import BabyAIShadow
 
 
 def test_describe_view_positions_objects_relative_to_the_agent():

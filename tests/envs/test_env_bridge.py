@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from solvers import textcraft_plan
 
 from rlfactory.envs.client import OVER, EnvClient, EnvReplyError, EnvServerError, check_upstream
+from rlfactory.envs.solvers import textcraft_plan
 
 REPO = Path(__file__).resolve().parents[2]
 BRIDGE = str(REPO / "envs/tools/agentgym_bridge.py")

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from solvers import textcraft_plan
-
+from rlfactory.envs.solvers import textcraft_plan
 from rlfactory.rewards.env import env_return, env_score, env_status, env_step_rewards, env_success
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.tools.manager import ToolManager

@@ -1,8 +1,7 @@
 """TextCraft over real MCP stdio: reset, scripted solving, helpful errors, episode isolation and cleanup."""
 from __future__ import annotations
 
-from solvers import textcraft_plan
-
+from rlfactory.envs.solvers import textcraft_plan
 from rlfactory.envs.textcraft import TextCraftEnv, load_recipe_book
 
 

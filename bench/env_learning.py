@@ -1,0 +1,159 @@
+"""Do the environments learn? Per environment: greedy eval of the warm start, GRPO, greedy eval again.
+
+    python bench/env_learning.py --json bench/results/env_learning.json [--envs babyai,textcraft] [--seeds 0,1]
+
+Everything runs through the commands a user runs, each in its own process, on the shipped recipes:
+    rlfactory eval  recipes/<env>_learn.yaml                                   (the warm start: the recipe's model)
+    rlfactory train recipes/<env>_learn.yaml --set trainer.seed=S
+    rlfactory eval  recipes/<env>_learn.yaml --checkpoint RUN/checkpoints/step_<last>
+Validation is the recipe's held-out tasks (`data.val_file`), one greedy episode each; success is pass@1 (the
+recipe's reward is the environment's success). Reported per environment, averaged over the seeds:
+`<env>_success_warm`, `<env>_success_trained`, `<env>_success_rise` (goal >= 0.2) and `<env>_grpo_minutes` (the
+training run's own wall time, the largest over the seeds; goal <= 15), with per-seed figures and what the policy
+does before and after (mean turns per episode; for BabyAI, the share of first actions that are AgentGym macros).
+`--png` (default next to the JSON) plots training reward against wall-clock minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = {"babyai": REPO / "recipes" / "babyai_learn.yaml", "textcraft": REPO / "recipes" / "textcraft_learn.yaml"}
+_MACROS = ("go to ", "pickup ", "toggle and go through ", "go through ")
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({' '.join(map(str, cmd))}); last lines of {log}:\n"
+                         + "\n".join(log.read_text().splitlines()[-15:]))
+    return time.perf_counter() - t0
+
+
+def behaviour(eval_dir: Path) -> dict[str, float]:
+    """Mean turns per episode and the share of first actions that are macros, from an eval's transcripts."""
+    rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
+    firsts = [(r["tool_calls"][0].get("arguments") or {}).get("action", "") for r in rows if r["tool_calls"]]
+    turns = [sum(1 for m in r.get("messages", []) if m.get("role") == "assistant") for r in rows]
+    return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0,
+            "first_action_macro_share": round(sum(str(a).startswith(_MACROS) for a in firsts) / len(rows), 3)
+            if rows else 0.0}
+
+
+def evaluate(recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out)]
+    if checkpoint is not None:
+        cmd += ["--checkpoint", str(checkpoint)]
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = _run(cmd, out / "eval.log")
+    res = json.loads((out / "eval" / "eval.json").read_text())
+    return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out)}
+
+
+def train(recipe: Path, out: Path, seed: int, steps: int | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(recipe), "--output-dir", str(out),
+           "--set", f"trainer.seed={seed}"]
+    if steps:
+        cmd += ["--set", f"trainer.total_steps={steps}"]
+    process_s = _run(cmd, out.parent / f"{out.name}.log")
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = sorted((out / "checkpoints").glob("step_*"))[-1]
+    return {"steps": len(rows), "grpo_minutes": round(summary["wall_s"] / 60, 2), "process_s": round(process_s, 1),
+            "reward_first5": round(statistics.fmean(r["reward/mean"] for r in rows[:5]), 3),
+            "reward_last5": round(statistics.fmean(r["reward/mean"] for r in rows[-5:]), 3),
+            "checkpoint": last, "curve": [[round(r["time/elapsed_s"] / 60, 2), r["reward/mean"]] for r in rows]}
+
+
+def plot(per_env: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5 * len(per_env), 3.6))
+    FigureCanvasAgg(fig)
+    for i, (env, runs) in enumerate(per_env.items()):
+        ax = fig.add_subplot(1, len(per_env), i + 1)
+        for run in runs:
+            xs, ys = zip(*run["curve"])
+            ax.plot(xs, ys, label=f"seed {run['seed']}: eval {run['success_warm']:.2f} -> "
+                                  f"{run['success_trained']:.2f}")
+        ax.set_title(f"{env}: GRPO training reward")
+        ax.set_xlabel("wall-clock minutes")
+        ax.set_ylabel("reward/mean (success)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", required=True, type=Path)
+    ap.add_argument("--envs", default="babyai,textcraft")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--steps", type=int, default=None, help="override trainer.total_steps (default: the recipe's)")
+    ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+    envs = [e for e in args.envs.split(",") if e]
+    missing = [e for e in envs if e not in RECIPES or not RECIPES[e].exists()]
+    if missing:
+        raise SystemExit(f"no learning recipe for {', '.join(missing)} (known: "
+                         f"{', '.join(e for e, p in RECIPES.items() if p.exists())})")
+    for env in envs:  # the warm starts are made once, by `rlfactory sft`, and shipped: not remade here
+        model = (RECIPES[env].parent / yaml.safe_load(RECIPES[env].read_text())["model"]["path"]).resolve()
+        if not (model / "config.json").exists():
+            raise SystemExit(f"{env}: no warm start at {model}; make it with "
+                             f"`rlfactory sft recipes/{env}_learn_sft.yaml`")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="env_learning_"))
+    result: dict[str, Any] = {"seeds": seeds, "runs": {}}
+    per_env: dict[str, list[dict[str, Any]]] = {}
+    for env in envs:
+        recipe = RECIPES[env]
+        warm = evaluate(recipe, work / env / "warm")
+        print(f"{env}: warm start success {warm['success']:.3f} on {warm['tasks']} held-out tasks "
+              f"({warm['turns_mean']} turns, first-action macro share {warm['first_action_macro_share']})",
+              flush=True)
+        runs = []
+        for seed in seeds:
+            tr = train(recipe, work / env / f"train-seed{seed}", seed, args.steps)
+            after = evaluate(recipe, work / env / f"eval-seed{seed}", tr.pop("checkpoint"))
+            run = {"seed": seed, "success_warm": warm["success"], "success_trained": after["success"],
+                   "success_rise": round(after["success"] - warm["success"], 4), "after": after, **tr}
+            print(f"{env} seed {seed}: GRPO {tr['steps']} steps in {tr['grpo_minutes']:.1f} min (reward "
+                  f"{tr['reward_first5']:.2f} -> {tr['reward_last5']:.2f}); eval {warm['success']:.3f} -> "
+                  f"{after['success']:.3f} ({after['turns_mean']} turns, first-action macro share "
+                  f"{after['first_action_macro_share']})", flush=True)
+            runs.append(run)
+        per_env[env] = runs
+        trained = statistics.fmean(r["success_trained"] for r in runs)
+        result.update({f"{env}_success_warm": round(warm["success"], 4),
+                       f"{env}_success_trained": round(trained, 4),
+                       f"{env}_success_rise": round(trained - warm["success"], 4),
+                       f"{env}_grpo_minutes": max(r["grpo_minutes"] for r in runs)})
+        result["runs"][env] = {"warm": warm, "seeds": runs}
+    png = args.png or args.json.with_suffix(".png")
+    plot(per_env, png)
+    result["png"] = str(png)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs",)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Scripted solvers: the demonstrators of `rlfactory sft` (rlfactory/warmup/env_demos.py), the tests and bench/envs.py.
+
+- `textcraft_plan`: every action that crafts the goal, read from the reset observation alone.
+- `BabyAIShadow`: minigrid's own planner (BabyAIBot) on a private copy of the level, in minigrid's action names.
+- `BabyAIWords`: the same private copy, playing AgentGym's action *words* (the `agentgym` task set) in one of two
+  styles: `walk` (the planner's low-level steps: `turn left`, `move forward`, `toggle`, a `pickup` of what is in
+  front, ...) or `macro` (AgentGym's `go to` / `pickup` / `toggle and go through` macros for each part of the goal
+  they cover, the planner's steps otherwise). Each returns the actions to send, one at a time.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import signal
+import threading
+
+_CMD = re.compile(r"^craft (\d+) (.+?) using (.+)$")
+
+
+def textcraft_plan(observation: str) -> list[str]:
+    """All actions that craft the goal, using only the crafting commands listed in the reset observation."""
+    goal = re.search(r"Goal: craft (.+)\.", observation).group(1)
+    recipes: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+    for line in observation.splitlines():
+        m = _CMD.match(line.strip())
+        if m:
+            inputs = [(int(n), item) for n, item in (p.strip().split(" ", 1) for p in m.group(3).split(","))]
+            recipes.setdefault(m.group(2), (int(m.group(1)), inputs))
+    actions: list[str] = []
+    have: dict[str, int] = {}
+
+    def obtain(item: str, need: int) -> None:
+        if have.get(item, 0) >= need:
+            return
+        if item not in recipes:
+            actions.append(f"get {need - have.get(item, 0)} {item}")
+            have[item] = need
+            return
+        out_n, inputs = recipes[item]
+        times = math.ceil((need - have.get(item, 0)) / out_n)
+        for _ in range(times):
+            # Crafting one ingredient may use up another (sticks eat planks): repeat until all are on hand.
+            while any(have.get(i, 0) < n for n, i in inputs):
+                for n, i in inputs:
+                    obtain(i, n)
+            for n, i in inputs:
+                have[i] -= n
+            ins = ", ".join(f"{n} {i}" for n, i in inputs)
+            actions.append(f"craft {out_n} {item} using {ins}")
+            have[item] = have.get(item, 0) + out_n
+
+    obtain(goal, 1)
+    return actions
+
+
+class BabyAIShadow:
+    """Plays a BabyAI task with minigrid's own planner (BabyAIBot) on a private copy of the level, seeded like the
+    server's, and yields the action *names* to send to the server."""
+
+    def __init__(self, level: str, seed: int):
+        import warnings
+
+        import gymnasium as gym
+        import minigrid  # noqa: F401
+        from minigrid.utils.baby_ai_bot import BabyAIBot
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.env = gym.make(level)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints level-sampling retries
+            self.env.reset(seed=seed)
+        self.bot = BabyAIBot(self.env)
+
+    def next_action(self) -> str:
+        from rlfactory.envs.babyai import ACTIONS
+
+        index = int(self.bot.replan())
+        self.env.step(index)
+        return next(name for name, i in ACTIONS.items() if i == int(index))
+
+
+PLANNER_LIMIT_S = 2.0
+"""Longest one planning call may take: minigrid's BabyAIBot searches without end in a few states."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise TimeoutError in the block after `seconds` (a SIGALRM timer: only in the main thread; elsewhere, and on
+    platforms without it, no limit)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise TimeoutError(f"over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+_WALK_WORDS = {0: "turn left", 1: "turn right", 2: "move forward", 4: "drop", 5: "toggle"}
+_CLAUSE = re.compile(r"^(go to|pick up|open) (?:the|a) (.+)$")
+_LOCATION = ("on your left", "on your right", "in front of you", "behind you")
+
+
+def mission_clauses(mission: str) -> list[tuple[str, str]]:
+    """The parts of a BabyAI mission in the order they must be done, as (verb, object): "open the red door, then
+    pick up the ball" -> [("open", "red door"), ("pick up", "ball")]; "A after you B" puts B first. A part no macro
+    covers (put next to, a location) has the verb "other"."""
+    parts: list[str] = []
+    for seq in re.split(r",? then ", mission):
+        if " after you " in seq:
+            first, second = seq.split(" after you ", 1)
+            parts += [second, first]
+        else:
+            parts.append(seq)
+    out = []
+    for part in (p.strip() for q in parts for p in re.split(r",? and ", q)):
+        m = _CLAUSE.match(part)
+        out.append((m.group(1), m.group(2)) if m and not any(w in part for w in _LOCATION) else ("other", part))
+    return out
+
+
+def _matches(label: str, obj: str) -> bool:
+    """Does an action's object label ("red closed door 2") name the mission's object ("red door", "door", "ball")?"""
+    words, want = label.split()[:-1], obj.split()
+    kind, colour = want[-1], want[0] if len(want) > 1 else None
+    return words[-1] == kind and (colour is None or words[0] == colour)
+
+
+class BabyAIWords:
+    """Plays an `agentgym` BabyAI task (its task id) in AgentGym's action words, on a private copy of the level
+    seeded as the server seeds it; `step(word)` must be told every word sent, so the copy follows the server."""
+
+    def __init__(self, task_id: int, style: str = "macro"):
+        import warnings
+
+        import gymnasium as gym
+        import minigrid  # noqa: F401
+        from minigrid.utils.baby_ai_bot import BabyAIBot
+
+        from rlfactory.envs.babyai_agentgym import AgentGymActions, level_and_seed
+
+        if style not in ("macro", "walk"):
+            raise ValueError(f"BabyAI demonstration style {style!r}: use macro or walk")
+        self.style = style
+        self._words, self._bot_class = AgentGymActions, BabyAIBot
+        level, seed = level_and_seed(int(task_id))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.env = gym.make(level)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.env.reset(seed=seed)
+        self.clauses = mission_clauses(str(self.env.unwrapped.mission))
+        self.bot = BabyAIBot(self.env)
+        self.done = False
+        self.stuck = False
+        """True once the planner gave up: the episode will not be solved (a demonstration is dropped)."""
+
+    def _macro(self, actions: dict[str, list[int]]) -> str | None:
+        if not self.clauses:
+            return None
+        verb, obj = self.clauses[0]
+        prefix = {"go to": "go to ", "pick up": "pickup ", "open": "toggle and go through "}.get(verb)
+        if prefix is None:
+            return None
+        for name in actions:
+            if name.startswith(prefix) and _matches(name[len(prefix):], obj):
+                if verb == "open" and " open door" in name:
+                    continue
+                return name
+        return None
+
+    def next_action(self) -> str:
+        """The next word to send (then call `step` with it)."""
+        actions = self._words(self.env).actions
+        if self.style == "macro":
+            word = self._macro(actions)
+            if word is not None:
+                return word
+        try:
+            with _time_limit(PLANNER_LIMIT_S):
+                low = int(self.bot.replan())
+        except (AssertionError, ValueError, IndexError, TimeoutError):  # the planner gives up (or searches on
+            self.stuck = True                                            # without end: it does on a few levels)
+            return "check available actions"
+        if low == 3:  # pick up what is in front: AgentGym's `pickup <object> <n>` with no steps before it
+            return next((n for n, path in actions.items() if n.startswith("pickup ") and path == [3]), "toggle")
+        return _WALK_WORDS.get(low, "check available actions")
+
+    def step(self, word: str) -> None:
+        """Play `word` on the private copy, as the server does (a macro runs its steps until the episode ends)."""
+        actions = self._words(self.env).actions
+        macro = word not in _WALK_WORDS.values()
+        for low in actions.get(word, []):
+            _, reward, terminated, truncated, _ = self.env.step(low)
+            if terminated or truncated:
+                self.done = True
+                break
+        if macro and self.style == "macro" and self.clauses and word == self._macro(actions):
+            self.clauses.pop(0)
+        if macro:  # the planner's own memory assumed it drove; after a macro it plans afresh
+            self.bot = self._bot_class(self.env)

@@ -1,0 +1,183 @@
+"""Warm starts in environments: the scripted demonstrators play real BabyAI and TextCraft MCP servers (AgentGym's
+task ids, `mcp_configs/agentgym_tasks.json`), their transcripts encode token for token as the AgentLoop builds the
+same episode, the `sft:` section checks its environment demo sets, and the shipped BabyAI warm start loads and passes
+its usable-start check. Real parts: the environment servers as subprocesses, the ToolManager, the AgentLoop, the
+Qwen3 model and tokenizer shipped in models/babyai-walker."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from rlfactory.recipe.tools import ToolsConfig
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "mcp_configs" / "agentgym_tasks.json")
+TASKS = REPO / "envs" / "tools" / "data" / "tasks"
+WARM = REPO / "models" / "babyai-walker"
+MACRO_PREFIXES = ("go to ", "pickup ", "toggle and go through ", "go through ")
+WALK_WORDS = {"turn left", "turn right", "move forward", "toggle", "drop"}
+
+
+def rows(name: str, n: int) -> list[dict]:
+    with open(TASKS / name) as f:
+        return [json.loads(line) for line in f][:n]
+
+
+def actions(demo: dict) -> list[str]:
+    return [json.loads(m["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))["arguments"]["action"]
+            for m in demo["messages"] if m["role"] == "assistant"]
+
+
+def play(server: str, tasks: list[dict], styles: dict[str, float], max_turns: int = 9):
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.warmup.env_demos import generate_env_demos
+
+    async def go():
+        async with ToolManager.from_recipe(ToolsConfig(mcp_configs=[CONFIG], servers=[server])) as manager:
+            demos, stats = await generate_env_demos(tasks, manager, policy=server, styles=styles,
+                                                    max_turns=max_turns, seed=3, system_prompt="Play.")
+            (conn,) = manager.servers[server].connections
+            res = await conn.session.read_resource("rlfactory://episodes")
+            return demos, stats, json.loads(res.contents[0].text)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def babyai_demos():
+    # tasks 0-9: AgentGym's levels 1-10 at seed 0 (go-to levels, several solvable by one macro)
+    demos, stats, open_after = play("babyai", rows("babyai_agentgym_train.jsonl", 10), {"walk": 0.5, "macro": 0.5})
+    return demos, stats, open_after
+
+
+def test_mission_clauses_order_the_parts_of_a_goal():
+    from rlfactory.envs.solvers import mission_clauses
+
+    assert mission_clauses("go to the red ball") == [("go to", "red ball")]
+    assert mission_clauses("open the purple door after you open the red door") == [
+        ("open", "red door"), ("open", "purple door")]
+    assert mission_clauses("open the red door, then open the blue door") == [("open", "red door"),
+                                                                             ("open", "blue door")]
+    assert mission_clauses("pick up a key and go to the yellow box") == [("pick up", "key"), ("go to", "yellow box")]
+    assert mission_clauses("open a door on your left")[0][0] == "other"  # no macro knows left from right
+    assert mission_clauses("put the yellow ball next to the yellow key")[0][0] == "other"
+
+
+def test_babyai_demos_are_real_successful_episodes_in_both_styles(babyai_demos):
+    demos, stats, open_after = babyai_demos
+    assert demos and sum(v for k, v in stats.items() if k.startswith("dropped_")) + len(demos) == 10
+    assert {d["style"] for d in demos} == {"walk", "macro"}
+    for d in demos:
+        roles = [m["role"] for m in d["messages"]]
+        assert roles[:3] == ["system", "user", "user"] and roles[3:] == ["assistant", "tool"] * d["actions"]
+        assert d["messages"][2]["content"].startswith("Level: BabyAI-")  # the reset observation, as the loop shows it
+        last = d["messages"][-1]["content"]
+        assert "done=true" in last and "The task is completed." in last and "score=0 " not in last
+        words = actions(d)
+        if d["style"] == "walk":
+            assert all(w in WALK_WORDS or w.startswith("pickup ") for w in words), words
+        else:
+            assert any(w.startswith(MACRO_PREFIXES) for w in words), words
+        assert all("episode_id" not in m["content"] for m in d["messages"])  # filled in, never shown
+        assert {t["function"]["name"] for t in d["tools"]} == {"reset", "step", "observe", "close"}
+    assert open_after["open"] == 0  # every demonstration closed its episode
+
+
+def test_textcraft_demos_follow_the_plan_through_the_real_server():
+    demos, stats, _ = play("textcraft", rows("textcraft_agentgym_train.jsonl", 6), {"plan": 1.0}, max_turns=12)
+    assert len(demos) + sum(v for k, v in stats.items() if k.startswith("dropped_")) == 6 and demos
+    for d in demos:
+        assert actions(d)[-1].startswith("craft ")
+        assert "Task complete" in d["messages"][-1]["content"]
+
+
+def test_demo_encoding_equals_what_the_agent_loop_builds_for_the_same_episode(babyai_demos):
+    """Replay each demonstration's actions through the real AgentLoop on the real server: the trajectory (the loop
+    resets the episode itself and shows its observation) must hold the SFT encoding token for token."""
+    from rlfactory.recipe.rollout import RolloutConfig
+    from rlfactory.rollout.agent_loop import AgentLoop
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.rollout.engines.protocol import GenerationOutput
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.warmup.sft import encode_transcript
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer
+
+    demos, _, _ = babyai_demos
+    tokenizer = build_tokenizer(demos, vocab_size=1024, model_max_length=4096)
+
+    class Replay:
+        def __init__(self, turns):
+            self.turns = list(turns)
+
+        async def generate(self, prompt_ids, sampling, request_id=None):
+            return GenerationOutput(token_ids=self.turns.pop(0), logprobs=None, finish_reason="stop")
+
+        async def close(self):
+            pass
+
+    async def go():
+        tools = ToolsConfig(mcp_configs=[CONFIG], servers=["babyai"])
+        async with ToolManager.from_recipe(tools) as manager:
+            chat = ChatFormat(tokenizer, manager.openai_schemas(), system_prompt="Play.")
+            cfg = RolloutConfig(samples_per_prompt=1, max_tool_calls_per_turn=1, max_response_tokens=4096,
+                                max_context_tokens=4096, tool_response_max_tokens=1024, horizon={"type": "fixed",
+                                                                                                 "turns": 9})
+            for demo in demos:
+                ids, mask = encode_transcript(chat, demo["messages"])
+                turns = [chat.encode(m["content"]) + [chat.im_end_id] for m in demo["messages"]
+                         if m["role"] == "assistant"]
+                task = {"id": demo["id"], "prompt": demo["messages"][1]["content"], "env": demo["env"]}
+                traj = await AgentLoop(Replay(turns), manager, chat, cfg).run_one(task)
+                assert traj.finish_reason == "env_done", traj.error
+                full, full_mask = traj.prompt_ids + traj.response_ids, [0] * len(traj.prompt_ids) + traj.loss_mask
+                # The SFT encoding stops after the last action (the final observation has nothing to learn); the
+                # loop keeps that observation, unmasked-out, after the same tokens.
+                assert full[:len(ids)] == ids and full_mask[:len(mask)] == mask
+                assert not any(full_mask[len(mask):]) and chat.decode(full[len(ids):]).count("done=true") == 1
+
+    asyncio.run(go())
+
+
+def test_sft_section_names_what_an_environment_demo_set_lacks():
+    from rlfactory.errors import ConfigError
+    from rlfactory.warmup.run import load_sft_recipe
+
+    recipe = REPO / "recipes" / "babyai_learn_sft.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_sft_recipe(recipe, ["sft.demos.0.tasks_file=null"])
+    assert "sft.demos.0" in " ".join(e.value.problems) and "set tasks_file" in " ".join(e.value.problems)
+    _, sft = load_sft_recipe(recipe, ["sft.demos.1.styles={run: 1.0}"])
+    with pytest.raises(ValueError, match="babyai demonstrations know the styles walk, macro; got run"):
+        play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[1].styles))
+
+
+def test_shipped_babyai_warm_start_is_small_and_passes_its_check(tmp_path):
+    """The warm start recipes/babyai_learn.yaml trains from: bf16, a few MB, and (sampled, as GRPO will see it) it
+    solves some held-out tasks and not all, so GRPO's groups disagree."""
+    from rlfactory.warmup.run import check_model, load_sft_recipe
+
+    summary = json.loads((WARM / "sft_summary.json").read_text())
+    assert (WARM / "model.safetensors").stat().st_size < 16 * 2**20
+    assert json.loads((WARM / "config.json").read_text())["dtype"] == "bfloat16"
+    assert summary["made_by"].startswith("rlfactory sft recipes/babyai_learn_sft.yaml")
+    recipe, sft = load_sft_recipe(REPO / "recipes" / "babyai_learn_sft.yaml", ["sft.check.tasks=32"])
+    check = asyncio.run(check_model(recipe, sft))
+    assert check["errors"] == 0 and check["well_formed"] > 0.8
+    assert 0.0 < check["success"] < 1.0, check
+
+
+@pytest.mark.parametrize("env", ["babyai", "textcraft"])
+def test_learning_recipes_validate(env):
+    from rlfactory.preflight import check_recipe
+    from rlfactory.warmup.run import load_sft_recipe
+
+    check = check_recipe(REPO / "recipes" / f"{env}_learn.yaml")
+    assert check.ok, check.errors
+    assert all("model.path" in w for w in check.warnings)  # only the warm start, until it is made
+    assert check.recipe.rollout.horizon.type == "scaling_inter"
+    _, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml")
+    assert Path(sft.output_dir).resolve() == Path(check.recipe.model.path).resolve()
+    assert all(d.policy == env for d in sft.demos)
