@@ -52,6 +52,8 @@ bench: install
 	$(PY) bench/verl_engine.py --json bench/results/verl_engine.json
 	$(PY) bench/async_train.py --json bench/results/async_train.json
 	$(PY) bench/chaos.py --json bench/results/chaos.json
+	$(PY) bench/env_learning.py --envs babyai --json bench/results/env_learning.json
+	$(PY) bench/horizons.py --env babyai --json bench/results/horizons.json
 
 gpu-check: install
 	$(PY) bench/gpu_check.py
