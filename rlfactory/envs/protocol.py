@@ -63,10 +63,16 @@ def close_calls(specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_
             for s in specs if s.server in used and s.tool == "close" and takes_episode(s)]
 
 
+def task_env(task: dict[str, Any]) -> Any:
+    """What a task row says of its environment: `task["env"]` or `task["metadata"]["env"]` (normally
+    `{"server": name, "task_id": N}`), or None."""
+    return task.get("env") or (task.get("metadata") or {}).get("env")
+
+
 def reset_call(task: dict[str, Any], specs: Iterable[ToolSpec], episode_id: str) -> ToolCall | None:
-    """The `reset` call that opens the task's episode, from `task["env"]` or `task["metadata"]["env"]`
-    (`{"server": name, "task_id": N}`); None when the task names no environment or the server has no `reset`."""
-    env = task.get("env") or (task.get("metadata") or {}).get("env")
+    """The `reset` call that opens the task's episode, from `task_env(task)` (`{"server": name, "task_id": N}`);
+    None when the task names no environment or the server has no `reset`."""
+    env = task_env(task)
     if not isinstance(env, dict) or "server" not in env:
         return None
     spec = next((s for s in specs if s.server == env["server"] and s.tool == "reset"), None)

@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import re
 import signal
 import threading
+from typing import Any
 
 _CMD = re.compile(r"^craft (\d+) (.+?) using (.+)$")
 
@@ -54,25 +56,29 @@ def textcraft_plan(observation: str) -> list[str]:
     return actions
 
 
+def _private_level(level: str, seed: int) -> Any:
+    """A private copy of a BabyAI level, reset with the seed the server uses for the same task."""
+    import warnings
+
+    import gymnasium as gym
+    import minigrid  # noqa: F401
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(level)
+    with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints level-sampling retries
+        env.reset(seed=seed)
+    return env
+
+
 class BabyAIShadow:
     """Plays a BabyAI task with minigrid's own planner (BabyAIBot) on a private copy of the level, seeded like the
     server's, and yields the action *names* to send to the server."""
 
     def __init__(self, level: str, seed: int):
-        import warnings
-
-        import gymnasium as gym
-        import minigrid  # noqa: F401
         from minigrid.utils.baby_ai_bot import BabyAIBot
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.env = gym.make(level)
-        import contextlib
-        import io
-
-        with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints level-sampling retries
-            self.env.reset(seed=seed)
+        self.env = _private_level(level, seed)
         self.bot = BabyAIBot(self.env)
 
     def next_action(self) -> str:
@@ -142,10 +148,6 @@ class BabyAIWords:
     seeded as the server seeds it; `step(word)` must be told every word sent, so the copy follows the server."""
 
     def __init__(self, task_id: int, style: str = "macro"):
-        import warnings
-
-        import gymnasium as gym
-        import minigrid  # noqa: F401
         from minigrid.utils.baby_ai_bot import BabyAIBot
 
         from rlfactory.envs.babyai_agentgym import AgentGymActions, level_and_seed
@@ -154,18 +156,9 @@ class BabyAIWords:
             raise ValueError(f"BabyAI demonstration style {style!r}: use macro or walk")
         self.style = style
         self._words, self._bot_class = AgentGymActions, BabyAIBot
-        level, seed = level_and_seed(int(task_id))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.env = gym.make(level)
-        import contextlib
-        import io
-
-        with contextlib.redirect_stdout(io.StringIO()):
-            self.env.reset(seed=seed)
+        self.env = _private_level(*level_and_seed(int(task_id)))
         self.clauses = mission_clauses(str(self.env.unwrapped.mission))
         self.bot = BabyAIBot(self.env)
-        self.done = False
         self.stuck = False
         """True once the planner gave up: the episode will not be solved (a demonstration is dropped)."""
 
@@ -205,9 +198,8 @@ class BabyAIWords:
         actions = self._words(self.env).actions
         macro = word not in _WALK_WORDS.values()
         for low in actions.get(word, []):
-            _, reward, terminated, truncated, _ = self.env.step(low)
+            _, _, terminated, truncated, _ = self.env.step(low)
             if terminated or truncated:
-                self.done = True
                 break
         if macro and self.style == "macro" and self.clauses and word == self._macro(actions):
             self.clauses.pop(0)

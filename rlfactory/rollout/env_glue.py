@@ -21,7 +21,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, reset_call, takes_episode
+from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, reset_call, takes_episode, task_env
 from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
@@ -70,7 +70,7 @@ class EpisodeBinding:
             return None
         call = reset_call(task, _unique(self.specs), self.episode_id)
         if call is None:
-            env = task.get("env") or (task.get("metadata") or {}).get("env")
+            env = task_env(task)
             server = repr(env.get("server") if isinstance(env, dict) else env)
             if env and server not in _WARNED:
                 _WARNED.add(server)  # once per server name

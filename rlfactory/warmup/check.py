@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from rlfactory.data.tasks import load_tasks
+from rlfactory.envs.protocol import task_env
 from rlfactory.recipe.schema import Recipe
 from rlfactory.recipe.sft import SFTCheckConfig
 from rlfactory.rewards.env import env_success
@@ -84,11 +85,15 @@ def _env_problems(figures: dict[str, Any]) -> list[str]:
     return []
 
 
+def check_tasks_file(recipe: Recipe, cfg: SFTCheckConfig) -> str | None:
+    """The task file the check rolls out: the recipe's training or validation file, by `cfg.split`."""
+    return recipe.data.train_file if cfg.split == "train" else recipe.data.val_file
+
+
 async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, tokenizer: Any, manager: Any,
                              seed: int = 0) -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
-    tasks = load_tasks(recipe.data.train_file if cfg.split == "train" else recipe.data.val_file, recipe.data,
-                       limit=cfg.tasks)
+    tasks = load_tasks(check_tasks_file(recipe, cfg), recipe.data, limit=cfg.tasks)
     chat = ChatFormat(tokenizer, manager.openai_schemas(), enable_thinking=recipe.rollout.enable_thinking,
                       system_prompt=recipe.rollout.system_prompt)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=chat.stop_token_ids,
@@ -99,7 +104,7 @@ async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, to
         trajs, _ = await loop.run_batch(tasks, samples_per_prompt=1, seed=seed, sampling=sampling)
     finally:
         await engine.close()
-    if any(t.get("env") or (t.get("metadata") or {}).get("env") for t in tasks):
+    if any(task_env(t) for t in tasks):
         figures = score_env_trajectories(trajs)
         figures["split"] = cfg.split
         figures["problems"] = _env_problems(figures)

@@ -3,7 +3,8 @@
 Each demonstration is an episode exactly as the AgentLoop would hold it: the task prompt, the `reset` observation as
 a user message (the loop opens a task's episode before the first turn and shows what it returns), then per action an
 assistant `<tool_call>` to the server's `step` tool and the tool response text the loop would show (the server's
-status line and observation, with chat markup neutralised). The episode id is filled in the way the loop fills it and
+status line and observation; chat markup in it is neutralised when the transcript is encoded, by
+`ChatFormat.tool_response_delta`). The episode id is filled in the way the loop fills it and
 never appears in the transcript. Only episodes the solver finishes with success within `max_turns - 1` actions are
 kept (the loop runs no call on a trajectory's last turn); the others are counted and dropped, so every demonstration
 is right by construction.
@@ -21,7 +22,7 @@ import asyncio
 import random
 from typing import Any, Sequence
 
-from rlfactory.envs.protocol import EPISODE_ARG, reset_call
+from rlfactory.envs.protocol import EPISODE_ARG, close_calls, reset_call, task_env
 from rlfactory.envs.solvers import BabyAIWords, textcraft_plan
 from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolSpec
@@ -72,7 +73,7 @@ _SOLVERS = {"textcraft": _TextCraftSolver, "babyai": _BabyAISolver}
 
 
 def _env(task: dict[str, Any]) -> dict[str, Any]:
-    env = task.get("env") or (task.get("metadata") or {}).get("env")
+    env = task_env(task)
     if not isinstance(env, dict) or "server" not in env:
         raise ValueError(f"task {task.get('id')!r} names no environment (`env: {{server, task_id}}`)")
     return env
@@ -86,10 +87,9 @@ def _step_spec(specs: Sequence[ToolSpec], server: str) -> ToolSpec:
 
 
 async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: str, *, max_turns: int,
-                       episode_id: str, neutralize: Any = None) -> tuple[dict[str, Any] | None, str]:
+                       episode_id: str) -> tuple[dict[str, Any] | None, str]:
     """One demonstration of `task` through `manager` (a started ToolManager), or (None, why) when the solver did
-    not succeed within `max_turns` turns. `neutralize` is the ChatFormat's markup guard (identity when None)."""
-    clean = neutralize or (lambda text: text)
+    not succeed within `max_turns` turns."""
     specs = list(manager.specs)
     server = _env(task)["server"]
     step = _step_spec(specs, server)
@@ -104,7 +104,7 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
     observation = observation if isinstance(observation, str) else response_text(opened)
     solver.first(observation)
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]},
-                                      {"role": "user", "content": clean(observation)}]
+                                      {"role": "user", "content": observation}]
     try:
         for turn in range(max_turns - 1):
             word = solver.next_action()
@@ -117,7 +117,7 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
                 return None, "step_error"
             solver.step(word)
             messages.append({"role": "assistant", "content": render_tool_call(step.name, {"action": word})})
-            messages.append({"role": "tool", "name": step.name, "content": clean(response_text(result))})
+            messages.append({"role": "tool", "name": step.name, "content": response_text(result)})
             structured = result.structured or {}
             if structured.get("done"):
                 return ({"id": task.get("id"), "style": style, "answer": None, "messages": messages,
@@ -125,18 +125,12 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
                     else (None, "failed")
         return None, "too_long"
     finally:
-        await _close(manager, specs, server, episode_id)
-
-
-async def _close(manager: Any, specs: Sequence[ToolSpec], server: str, episode_id: str) -> None:
-    close = next((s for s in specs if s.server == server and s.tool == "close"), None)
-    if close is not None:
-        await manager.call_many([ToolCall(name=close.name, arguments={EPISODE_ARG: episode_id})])
+        await manager.call_many(close_calls(specs, [server], episode_id))
 
 
 async def generate_env_demos(tasks: Sequence[dict[str, Any]], manager: Any, *, policy: str,
                              styles: dict[str, float], max_turns: int, seed: int = 0,
-                             system_prompt: str | None = None, neutralize: Any = None, concurrency: int = 8
+                             system_prompt: str | None = None, concurrency: int = 8
                              ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Demonstrations of `tasks` by `policy`, each task's style drawn by the `styles` weights. Returns the kept
     transcripts (in task order) and counts: kept per style, and dropped by reason."""
@@ -154,7 +148,7 @@ async def generate_env_demos(tasks: Sequence[dict[str, Any]], manager: Any, *, p
     async def one(i: int) -> tuple[dict[str, Any] | None, str]:
         async with gate:
             return await play_episode(tasks[i], manager, policy, drawn[i], max_turns=max_turns,
-                                      episode_id=f"demo-{seed}-{i}", neutralize=neutralize)
+                                      episode_id=f"demo-{seed}-{i}")
 
     outcomes = await asyncio.gather(*(one(i) for i in range(len(tasks))))
     tools = manager.openai_schemas()

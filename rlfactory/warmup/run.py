@@ -29,7 +29,7 @@ from rlfactory.recipe.sft import SFTConfig
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.horizon import max_horizon
 from rlfactory.tools.manager import ToolManager
-from rlfactory.warmup.check import usable_start_check
+from rlfactory.warmup.check import check_tasks_file, usable_start_check
 from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
 from rlfactory.warmup.env_demos import ENV_POLICIES, generate_env_demos
 from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
@@ -110,17 +110,17 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
             else:
                 if len(tasks) < d.n:  # an environment's task file is finite: go round it again
                     tasks = [tasks[i % len(tasks)] for i in range(d.n)]
+                max_turns = d.max_turns or max_horizon(recipe.rollout.horizon)
                 try:
                     demos, stats = await generate_env_demos(
                         tasks, manager, policy=d.policy, styles=d.styles or {ENV_POLICIES[d.policy][0]: 1.0},
-                        max_turns=d.max_turns or max_horizon(recipe.rollout.horizon), seed=d.seed,
-                        system_prompt=recipe.rollout.system_prompt)
+                        max_turns=max_turns, seed=d.seed, system_prompt=recipe.rollout.system_prompt)
                 except ValueError as e:
                     raise ConfigError(f"sft.demos ({d.name}): {e}", file=recipe.source) from e
                 if not demos:
                     raise ConfigError(f"sft.demos ({d.name}): the {d.policy} demonstrator solved none of its "
-                                      f"{len(tasks)} tasks within {d.max_turns or max_horizon(recipe.rollout.horizon)}"
-                                      f" turns ({stats}); raise max_turns or change the tasks", file=recipe.source)
+                                      f"{len(tasks)} tasks within {max_turns} turns ({stats}); raise max_turns or "
+                                      f"change the tasks", file=recipe.source)
             write_jsonl(demos, out_dir / f"{d.name}.jsonl")
             sets[d.name] = demos
             if progress:
@@ -229,7 +229,7 @@ async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokeniz
                       progress: ProgressFn | None = None) -> dict[str, Any]:
     """The usable-start check (rollouts through the real tools); loads `sft.output_dir` when no model is given.
     Empty when `sft.check.tasks` is 0 or the recipe has no validation file."""
-    if not (sft.check.tasks and (recipe.data.train_file if sft.check.split == "train" else recipe.data.val_file)):
+    if not (sft.check.tasks and check_tasks_file(recipe, sft.check)):
         return {}
     if model is None:
         model = load_model(sft.output_dir, dtype="float32", device="cpu")
