@@ -73,7 +73,7 @@ def measure(preset: str, rows: int, prompt_tokens: int, new_tokens: int, rounds:
 
     from rlfactory.models.devices import resolve_dtype
     from rlfactory.models.tiny import build_tiny_qwen3
-    from rlfactory.rollout import hf_kv
+    from rlfactory.rollout.engines import hf_kv
 
     spec = PRESETS[preset]
     dev = torch.device(device)
