@@ -1,7 +1,8 @@
 """Loading the policy and its tokenizer, once for every part of rlfactory (training, evaluation, rollouts, SFT,
 serving, reports, verl's agent-loop workers): a Hugging Face model folder, or `model.path: tiny-random`; the
 recipe's tokenizer rules (`tokenizer.path`, `qwen3-offline`, the model folder's own) with a chat template always
-attached; an optional LoRA adapter (peft).
+attached; an optional LoRA adapter (peft). Models that use `sdpa` attention switch to `rlfactory_sdpa` (attention.py:
+the same numbers, no copies of the key/value heads on CPU).
 
 Left out: quantisation and sharding (the verl engine owns those at scale); downloads (rlfactory never downloads).
 """
@@ -15,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfactory.errors import ConfigError, RLFactoryError
+from rlfactory.models.attention import use_gqa_attention
 from rlfactory.models.devices import resolve_device, resolve_dtype
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
@@ -39,7 +41,7 @@ def load_model(path: str | Path, dtype: Any = "float32", device: Any = None) -> 
             "(huggingface-cli download NAME) when running offline."
         ) from e
     logger.info("loaded %s (%s) on %s", path, torch_dtype, target)
-    return model.to(target).eval()
+    return use_gqa_attention(model.to(target).eval())
 
 
 def is_tiny_random(recipe: Recipe) -> bool:
@@ -117,4 +119,4 @@ def build_tiny_random(recipe: Recipe, dtype: Any, device: Any) -> Any:
                              max_position_embeddings=TINY_RANDOM_POSITIONS)
     logger.info("model.path is tiny-random: random tiny Qwen3 (%.1fM parameters, %d positions)",
                 sum(p.numel() for p in model.parameters()) / 1e6, TINY_RANDOM_POSITIONS)
-    return model.to(device=device, dtype=resolve_dtype(dtype)).eval()
+    return use_gqa_attention(model.to(device=device, dtype=resolve_dtype(dtype)).eval())

@@ -249,8 +249,8 @@ class TrainerConfig(Section):
     process beside the trainer (rlfactory/trainer/async_loop.py); engine verl: 0 or 1 (verl's one-step off-policy
     `colocate_async` trainer)."""
     split_cores: bool = True
-    """Asynchronous local runs: pin the trainer to the first half of the CPUs and the generator (with its tool
-    servers) to the other half."""
+    """Asynchronous local runs: pin the trainer to the first half of the CPUs and the generator's decoding thread to
+    the other half (the generator's event loop and tool servers are not pinned)."""
     stale_groups: Literal["drop", "wait"] = "drop"
     """Asynchronous local runs: what happens to a GRPO group that would break the bound. `drop`: finished groups are
     trained oldest first and one whose oldest token is more than k versions old is dropped (counted in

@@ -4,6 +4,10 @@ while this process updates the policy, on separate cores.
     generator process (generator.py): rollouts + rewards with the newest pushed weights, up to the staleness bound
     this process: take prompts_per_step finished groups -> GRPO update with off-policy correction -> push weights
 
+With one mini-batch and one epoch per step and no masking (the defaults), the update is built as the groups arrive
+(streamed_update.py): forward/backward of the groups already here runs while the generator finishes the rest, and
+once the last is in only its own pass and the optimizer step remain. Otherwise the step waits for every group.
+
 Step s trains policy version s (s optimizer steps taken) on groups whose tokens were sampled by versions s-k..s.
 `trainer.stale_groups` says what happens to a group that falls behind the bound: `drop` (default) takes finished
 groups oldest first and drops (counts) any whose oldest token is more than k versions old; `wait` takes groups in
@@ -41,6 +45,7 @@ from rlfactory.trainer.generator import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
 from rlfactory.trainer.progress import StepProgress
+from rlfactory.trainer.streamed_update import StreamedStep, streams
 from rlfactory.trainer.weight_push import SharedWeights
 from rlfactory.trainer.wiring import open_rollout_side
 
@@ -101,10 +106,14 @@ class AsyncTrainer(LocalTrainer):
             raise RLFactoryError(f"the generator process exited (code {launch.proc.exitcode}) without reporting an "
                                  f"error; see the log above")
 
-    def _pick(self, step: int) -> list[Any] | None:
-        """prompts_per_step groups for the step at policy version `step`, or None while too few are ready."""
+    def _pick(self, step: int, most: int | None = None) -> list[Any] | None:
+        """prompts_per_step groups for the step at policy version `step`, or None while too few are ready; with
+        `most`, up to that many of those ready now (maybe none)."""
         before = self.queue.dropped_trajectories
-        groups, dropped = self.queue.take(step)
+        if most is None:
+            groups, dropped = self.queue.take(step)
+        else:
+            groups, dropped = self.queue.take_ready(step, most)
         if dropped:
             self._dropped_step += self.queue.dropped_trajectories - before
             with self.launch.trainer_drops.get_lock():
@@ -125,10 +134,12 @@ class AsyncTrainer(LocalTrainer):
             self.launch = GeneratorLaunch.start(r)
         weights = SharedWeights.from_model(self.model, self.launch.lock, version=self.step)
         self.launch.setup(Setup(weights=weights, start_index=self.queue.watermark,
-                                skip=sorted(self.queue.done_above), start_version=self.step))
+                                skip=sorted(self.queue.done_above), start_version=self.step,
+                                engine_cpus=self.launch.engine_cpus))
         try:
             async with contextlib.AsyncExitStack() as stack:
                 await self._wait_ready()
+                streamed = streams(r)
                 eval_side = None
                 prev_stats = dict(self._gen_stats)
                 while self.step < t.total_steps:
@@ -136,12 +147,16 @@ class AsyncTrainer(LocalTrainer):
                     timer = StageTimer()
                     self._dropped_step = 0
                     with timer("step"):
-                        with timer("wait"):
-                            while (groups := self._pick(s)) is None:
-                                await self._receive(0.05)
+                        if streamed:
+                            groups, upd_m = await self._streamed_step(s, timer)
+                        else:
+                            with timer("wait"):
+                                while (groups := self._pick(s)) is None:
+                                    await self._receive(0.05)
+                            with timer("update"):
+                                upd_m = await asyncio.to_thread(
+                                    self._update, [x for g in groups for x in g.trajectories], r.algorithm.off_policy)
                         trajs = [x for g in groups for x in g.trajectories]
-                        with timer("update"):
-                            upd_m = await asyncio.to_thread(self._update, trajs, r.algorithm.off_policy)
                         self.step += 1
                         with timer("push"):
                             weights.publish(self.model, self.step)
@@ -183,6 +198,30 @@ class AsyncTrainer(LocalTrainer):
                                dropped_trajectories=self.queue.dropped_trajectories)
         self.launch.stop()
         return summary
+
+    async def _streamed_step(self, s: int, timer: StageTimer) -> tuple[list[Any], dict[str, float]]:
+        """The step's groups and update metrics, the update built as the groups arrive (streamed_update.py):
+        forward/backward of each batch of arrivals runs while the generator finishes the rest."""
+        need = self.recipe.trainer.prompts_per_step
+        step = StreamedStep(self, self.recipe.algorithm.off_policy)
+        groups: list[Any] = []
+        try:
+            while len(groups) < need:
+                for msg in drain(self.launch.results, 0.0):  # whatever arrived during the last backward
+                    self._take(msg)
+                got = self._pick(s, need - len(groups))
+                if not got:
+                    with timer("wait"):
+                        await self._receive(0.05)
+                    continue
+                groups += got
+                with timer("update"):
+                    await asyncio.to_thread(step.add, [x for g in got for x in g.trajectories])
+            with timer("update"):
+                return groups, await asyncio.to_thread(step.finish)
+        except BaseException:
+            step.abort()
+            raise
 
     async def _wait_ready(self) -> None:
         proc, results = self.launch.proc, self.launch.results

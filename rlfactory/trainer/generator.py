@@ -19,9 +19,12 @@ Start-up: `GeneratorLaunch.start(recipe)` spawns the process right after the rec
 imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
 here). The generator loads its model and then waits for `setup` (the shared weights and the data position, once
 the trainer has prepared the run folder and restored any checkpoint) before it starts its tool servers. With
-`trainer.split_cores` the generator (and the tool servers it starts) runs on the second half of the CPUs and the
-trainer on the first: on 2 cores that kept the update at its synchronous speed (0.96 s, against 1.03-1.13 s when
-the two processes' threads shared both cores).
+`trainer.split_cores` the generator's decoding thread runs on the second half of the CPUs and the trainer on the
+first: on 2 cores that kept the update at its synchronous speed (0.96 s, against 1.03-1.13 s when the two
+processes' threads shared both cores). The generator's event loop (the agent loop, tokenising, the results queue)
+and its tool servers are not pinned: they take ~12 % of a core, and on the decoding thread's core they took turns
+with it. Pinning only that thread took the quickstart's asynchronous runs from 28.7 and 25.1 s to 25.5 and 23.1 s
+(seeds 0 and 1, one run each, bench/async_train.py).
 
 Group i's prompt is the i-th draw of the run's seeded task order (`TaskSampler.at`), so a resumed run restarts
 from the first group not yet trained, skipping those trained after it; groups in flight at a kill are lost and
@@ -77,6 +80,9 @@ class Setup:
     skip: list[int]
     """Groups at or after start_index that were already trained (a resumed run)."""
     start_version: int
+    engine_cpus: list[int] | None = None
+    """`trainer.split_cores`: the CPUs of the generator's decoding thread (its event loop and tool servers are not
+pinned)."""
 
 
 class GeneratorLaunch:
@@ -96,6 +102,7 @@ class GeneratorLaunch:
         """Groups the trainer dropped (they free their places under the staleness bound)."""
         spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
         self._cpus: list[int] | None = None  # this process's CPUs before the split (restored by stop)
+        self.engine_cpus: list[int] | None = None
         self.proc = ctx.Process(target=generator_main, name="rlfactory-generator", daemon=True,
                                 args=(spec, self.results, (self._setup_in, self.lock), self.stop_event,
                                       self.trainer_drops))
@@ -109,9 +116,9 @@ class GeneratorLaunch:
         return launch
 
     def _split_cores(self) -> None:
-        """Give the generator (and the tool servers it starts) the second half of this process's CPUs and keep
-        the first half here, so neither process's threads (the engine's, the event loop's, the update's) take
-        turns on the other's core."""
+        """Keep the first half of this process's CPUs here and give the generator's decoding thread the second
+        half (`engine_cpus`, sent with the Setup), so the update and the decoding never take turns on one core.
+        The generator's event loop and its tool servers are not pinned: they run where a CPU is free."""
         if not hasattr(os, "sched_getaffinity"):
             return
         cpus = sorted(os.sched_getaffinity(0))
@@ -119,10 +126,10 @@ class GeneratorLaunch:
             return
         half = len(cpus) // 2
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(self.proc.pid, cpus[half:])
             os.sched_setaffinity(0, cpus[:half])
             self._cpus = cpus
-            logger.info("CPUs: trainer %s, generator %s", cpus[:half], cpus[half:])
+            self.engine_cpus = cpus[half:]
+            logger.info("CPUs: trainer %s, generator's decoding %s", cpus[:half], cpus[half:])
 
     def setup(self, setup: Setup) -> None:
         self._setup_out.send(setup)
@@ -261,6 +268,8 @@ class Generator:
         run_dir = self.spec.run_dir
         async with open_rollout_side(r, model, tokenizer, device, run_dir, weight_source=self.weights) as side:
             side.engine.load_pushed_weights()
+            if setup.engine_cpus:
+                side.engine.worker_cpus = set(setup.engine_cpus)
             self.tools = side.tools
             self.results.put(("ready", {"pid": os.getpid(), "version": side.engine.policy_version}))
             await self._serve(side, tasks, sampler, setup)

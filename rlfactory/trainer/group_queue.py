@@ -10,6 +10,7 @@ Which groups a step at policy version s takes (`trainer.stale_groups`):
   `need` lowest-numbered groups waiting. A straggler never holds a step; it is trained late or dropped.
 - `wait`: take the `need` lowest-numbered groups not yet done, and only once all of them have arrived. Groups
   start in order and at most (k + 1) steps' worth run ahead, so none breaks the bound; a straggler holds its step.
+A step built as its groups arrive takes them in the same order, as many as are ready each time (`take_ready`).
 """
 from __future__ import annotations
 
@@ -47,15 +48,24 @@ class GroupQueue:
     def take(self, step: int) -> tuple[list[Any] | None, int]:
         """(the groups to train at policy version `step`, or None while too few are ready; how many waiting groups
         were dropped just now for breaking the bound)."""
+        groups, dropped = self.take_ready(step, self.need, whole=True)
+        return groups or None, dropped
+
+    def take_ready(self, step: int, most: int, *, whole: bool = False) -> tuple[list[Any], int]:
+        """Up to `most` groups for policy version `step` that are ready now, in the order the policy takes them
+        (`whole`: all `most` or none); and how many waiting groups were dropped just now for breaking the bound.
+        A step built as groups arrive (streamed_update.py) calls this until it holds `need`."""
         if self.policy == "wait":
             order: list[int] = []
             i = self.watermark
-            while len(order) < self.need:
+            while len(order) < most:
                 if i not in self.done_above:
                     if i not in self.pending:
-                        return None, 0
+                        break
                     order.append(i)
                 i += 1
+            if whole and len(order) < most:
+                return [], 0
             return self._pop(order), 0
         floor = step - self.k
         dropped = 0
@@ -65,9 +75,9 @@ class GroupQueue:
                 self.drop(i, len(self.pending.pop(i).trajectories))
                 dropped += 1
         ready = sorted(self.pending)
-        if len(ready) < self.need:
-            return None, dropped
-        return self._pop(ready[:self.need]), dropped
+        if whole and len(ready) < most:
+            return [], dropped
+        return self._pop(ready[:most]), dropped
 
     def _pop(self, indices: list[int]) -> list[Any]:
         groups = [self.pending.pop(i) for i in indices]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +39,18 @@ from rlfactory.trainer.micro_batches import length_buckets
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
+
+SUMMED = ("loss/pg", "loss/total", "loss/kl")
+"""Micro-batch metrics that are pieces of the mini-batch loss (summed); the others are averaged."""
+
+
+@dataclass
+class MicroTotals:
+    """What the micro-batches of one update add up: loss metrics, and the entropy's token sum."""
+
+    sums: dict[str, list[float]] = field(default_factory=dict)
+    ent_sum: float = 0.0
+    ent_tokens: float = 0.0
 
 
 class GRPOUpdate:
@@ -80,7 +93,6 @@ class GRPOUpdate:
         advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
         n = len(batch)
         mini = n // a.mini_batches_per_step
-        temperature = r.rollout.sampling.temperature
         only_signal = a.entropy_coef == 0 and self.ref_model is None
         has_signal = (advantages != 0).any(-1).tolist()  # [N]
         p_len = batch.prompt_len
@@ -88,9 +100,8 @@ class GRPOUpdate:
                            batch.attention_mask[:, p_len:].sum(-1).tolist()))  # real (prompt, response) per row
         share = a.shared_prompt_forward
         prompt_of = prompt_groups(batch)[1].tolist() if share else None  # row -> distinct prompt
-        sums: dict[str, list[float]] = {}
+        acc = MicroTotals()
         grad_norms: list[float] = []
-        ent_sum = ent_tokens = 0.0
         self.model.train()
         try:
             for _epoch in range(a.ppo_epochs):
@@ -104,29 +115,7 @@ class GRPOUpdate:
                         # the same as computing every row; pg metrics then cover the rows with signal.
                         rows = [i for i in rows if has_signal[i]]
                     for micro in length_buckets(rows, lengths, a.micro_batch_size, prompt_of):
-                        mb = batch.select(micro).compact().to(self.device)
-                        adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
-                        logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
-                                                      entropy_grad=a.entropy_coef != 0, share_prompts=share)
-                        ref = self._ref_logprobs(mb, temperature)
-                        old, w = mb.old_log_probs, None
-                        if correction is not None:
-                            t_len = mb.responses.shape[1]
-                            if proximal is None:
-                                old = logp.detach()
-                                w, _ = correct(correction, old, mb.old_log_probs, mb.response_mask, totals)
-                            else:
-                                old = proximal[micro][:, :t_len].to(self.device)
-                                w = None if weights is None else weights[micro][:, :t_len].to(self.device)
-                        loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=old,
-                                              advantages=adv, response_mask=mb.response_mask, entropy=ent,
-                                              ref_log_prob=ref, rollout_is_weights=w)
-                        loss.backward()
-                        for k, v in m.items():
-                            sums.setdefault(k, []).append(v)
-                        if ent is not None:  # token-mean entropy over the rows computed (a metric)
-                            ent_sum += float((ent.detach() * mb.response_mask).sum())
-                            ent_tokens += float(mb.response_mask.sum())
+                        self._micro_backward(batch, advantages, micro, correction, proximal, weights, totals, acc)
                     for p in self.params:  # a mini-batch with no signal still takes its (zero-gradient) step
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
@@ -141,23 +130,63 @@ class GRPOUpdate:
         # Micro-batch losses are pieces of the mini-batch loss (global-batch normalisation): sum within a
         # mini-batch, average over mini-batches and epochs.
         updates = max(1, a.ppo_epochs * math.ceil(n / mini))
-        out = {k: sum(v) / updates if k in ("loss/pg", "loss/total", "loss/kl") else _mean(v)
-               for k, v in sums.items()}
-        out["loss/entropy"] = ent_sum / ent_tokens if ent_tokens else 0.0
+        mask = batch.response_mask
+        return self._update_metrics(
+            trajs, acc, updates, grad_norms,
+            adv_abs_mean=float((advantages.abs() * mask).sum() / mask.sum().clamp(min=1)), tokens=float(mask.sum()),
+            trained_on_infra=trained_on_infra, rows_with_signal=sum(has_signal),
+            totals=totals if correction is not None else None)
+
+    def _micro_backward(self, batch: Any, advantages: torch.Tensor, micro: list[int], correction: Any,
+                        proximal: torch.Tensor | None, weights: torch.Tensor | None, totals: CorrectionTotals,
+                        acc: "MicroTotals") -> None:
+        """Forward/backward of rows `micro` of `batch`, adding to the parameters' gradients and to `acc`. Without
+        `proximal` and with a correction, pi_old is this pass's own logprobs (detached)."""
+        a = self.recipe.algorithm
+        temperature = self.recipe.rollout.sampling.temperature
+        share = a.shared_prompt_forward
+        mb = batch.select(micro).compact().to(self.device)
+        adv = advantages[micro][:, :mb.responses.shape[1]].to(self.device)
+        logp, ent = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True,
+                                      entropy_grad=a.entropy_coef != 0, share_prompts=share)
+        ref = self._ref_logprobs(mb, temperature)
+        old, w = mb.old_log_probs, None
+        if correction is not None:
+            t_len = mb.responses.shape[1]
+            if proximal is None:
+                old = logp.detach()
+                w, _ = correct(correction, old, mb.old_log_probs, mb.response_mask, totals)
+            else:
+                old = proximal[micro][:, :t_len].to(self.device)
+                w = None if weights is None else weights[micro][:, :t_len].to(self.device)
+        loss, m = policy_loss(self.actor_cfg, log_prob=logp, old_log_prob=old,
+                              advantages=adv, response_mask=mb.response_mask, entropy=ent,
+                              ref_log_prob=ref, rollout_is_weights=w)
+        loss.backward()
+        for k, v in m.items():
+            acc.sums.setdefault(k, []).append(v)
+        if ent is not None:  # token-mean entropy over the rows computed (a metric)
+            acc.ent_sum += float((ent.detach() * mb.response_mask).sum())
+            acc.ent_tokens += float(mb.response_mask.sum())
+
+    def _update_metrics(self, trajs: list[Any], acc: "MicroTotals", updates: int, grad_norms: list[float], *,
+                        adv_abs_mean: float, tokens: float, trained_on_infra: int, rows_with_signal: int,
+                        totals: CorrectionTotals | None) -> dict[str, float]:
+        out = {k: sum(v) / updates if k in SUMMED else _mean(v) for k, v in acc.sums.items()}
+        out["loss/entropy"] = acc.ent_sum / acc.ent_tokens if acc.ent_tokens else 0.0
         for k in ("loss/pg", "loss/total", "loss/pg_clipfrac", "loss/ppo_kl", "loss/pg_clipfrac_lower"):
             out.setdefault(k, 0.0)  # a step with no signal trains nothing: keep every row's keys the same
         out["loss/grad_norm"] = _mean(grad_norms)
         out["loss/lr"] = self.scheduler.get_last_lr()[0]
-        mask = batch.response_mask
-        out["rollout/advantage_abs_mean"] = float((advantages.abs() * mask).sum() / mask.sum().clamp(min=1))
+        out["rollout/advantage_abs_mean"] = adv_abs_mean
         groups: dict[Any, list[float]] = {}
         for t in trajs:
             groups.setdefault(t.group_id, []).append(t.reward or 0.0)
         out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
-        out["rollout/trained_tokens"] = float(mask.sum())
+        out["rollout/trained_tokens"] = float(tokens)
         out["rollout/trained_on_infra_failures"] = float(trained_on_infra)
-        out["rollout/rows_with_signal"] = float(sum(has_signal))
-        if correction is not None:
+        out["rollout/rows_with_signal"] = float(rows_with_signal)
+        if totals is not None:
             out.update(totals.metrics())
         return out
 

@@ -73,3 +73,26 @@ def test_group_i_draws_the_task_the_synchronous_sampler_draws_i_th():
     assert s.next(5) == draws[:5]  # `at` never moves the position
     s.seek(12)
     assert s.absolute_position() == 12 and s.next(10) == draws[12:22]
+
+
+def test_take_ready_gives_what_is_ready_in_the_policys_order():
+    q = GroupQueue(need=3, k=1, policy="drop")
+    assert q.take_ready(1, 3) == ([], 0)
+    q.add(group(2, 1))
+    q.add(group(0, 0, 1))
+    got, dropped = q.take_ready(1, 3)
+    assert [g.index for g in got] == [0, 2] and dropped == 0
+    q.add(group(5, 0))  # too old at step 2: dropped, not given
+    q.add(group(4, 2))
+    q.add(group(3, 1))
+    got, dropped = q.take_ready(2, 1)
+    assert [g.index for g in got] == [3] and dropped == 1 and list(q.pending) == [4]
+
+    w = GroupQueue(need=3, k=1, policy="wait")
+    for g in (group(0, 0), group(2, 0)):
+        w.add(g)
+    got, _ = w.take_ready(1, 3)
+    assert [g.index for g in got] == [0]  # group 1 is missing: group 2 waits behind it
+    w.add(group(1, 0))
+    got, _ = w.take_ready(1, 2)
+    assert [g.index for g in got] == [1, 2] and w.watermark == 3

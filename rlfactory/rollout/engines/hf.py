@@ -26,7 +26,9 @@ See `hf_sampling` for the logprob convention.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -133,6 +135,8 @@ class HFEngine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.stats = EngineStats()
         self.policy_version = 0
+        self.worker_cpus: set[int] | None = None
+        """CPUs for the decoding thread alone (set before the first request; None = the caller's)."""
         """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
         self.weight_source = weight_source
         self.weight_loads = 0
@@ -240,6 +244,9 @@ class HFEngine:
             self._worker.start()
 
     def _run(self) -> None:
+        if self.worker_cpus and hasattr(os, "sched_setaffinity"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.worker_cpus)  # Linux: this thread only
         batch = BatchKV(self.pad_token_id)
         rows: list[_Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
         while True:
@@ -434,7 +441,9 @@ class HFEngine:
         def deliver() -> None:
             if r.future.done():
                 return
-            if error is not None:
+            if error is not None and r.cancelled:  # its caller is gone: an exception nobody reads only warns
+                r.future.cancel()
+            elif error is not None:
                 r.future.set_exception(error)
             else:
                 r.future.set_result(GenerationOutput(

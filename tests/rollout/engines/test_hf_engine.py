@@ -191,3 +191,25 @@ async def test_rejects_bad_requests(tiny_qwen3):
     await engine.close()
     with pytest.raises(RuntimeError, match="close"):
         await engine.generate([1], GREEDY)
+
+
+def test_worker_cpus_pin_the_decoding_thread_only():
+    import os
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs Linux and 2 CPUs")
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+
+    async def run() -> set[int]:
+        engine = HFEngine(build_tiny_qwen3(300, seed=0), pad_token_id=0, eos_token_ids=[1])
+        engine.worker_cpus = {cpu}
+        try:
+            await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3, seed=0))
+            return os.sched_getaffinity(engine._worker.native_id)
+        finally:
+            await engine.close()
+
+    assert asyncio.run(run()) == {cpu}
+    assert os.sched_getaffinity(0) == mine  # the caller's thread keeps its CPUs
+
