@@ -23,6 +23,7 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from rlfactory.models.precision import autocast
 from rlfactory.recipe.training import AlgorithmConfig
 from rlfactory.reward import token_level_rewards
 from rlfactory.rollout.trajectory import Trajectory
@@ -153,13 +154,14 @@ def response_logprobs(
     keys/values are then shared by every row's response pass (`_shared_prompt_logits`). The result is the same
     function of the weights, gradients included, up to float summation order."""
     t_len = batch.responses.shape[1]
-    logits = _shared_prompt_logits(model, batch) if share_prompts else None
-    if logits is None:
-        # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head over
-        # the prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                    use_cache=False, logits_to_keep=t_len + 1)
-        logits = out.logits[:, -(t_len + 1):-1, :]
+    with autocast(model):  # model.compute_dtype (models/precision.py); nothing by default
+        logits = _shared_prompt_logits(model, batch) if share_prompts else None
+        if logits is None:
+            # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head
+            # over the prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, use_cache=False, logits_to_keep=t_len + 1)
+            logits = out.logits[:, -(t_len + 1):-1, :]
     logits = logits.float()  # [N, T, V]
     if temperature > 0:
         logits = logits / temperature

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.models.attention import use_gqa_attention
 from rlfactory.models.devices import resolve_device, resolve_dtype
+from rlfactory.models.precision import resolve_compute_dtype, set_compute_dtype
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
 from rlfactory.recipe.schema import Recipe
@@ -95,6 +96,7 @@ def load_policy(recipe: Recipe, device: Any, model_path: str | Path | None = Non
                           f"--set model.path=DIR, or model.path=tiny-random for a CPU smoke run)", file=recipe.source)
     else:
         model = load_model(path, dtype=dtype, device=device)
+    set_compute_dtype(model, resolve_compute_dtype(recipe.model.compute_dtype, device))
     if recipe.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = True  # generation (eval mode) still uses the KV cache

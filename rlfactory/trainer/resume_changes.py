@@ -28,6 +28,7 @@ APPLIED: dict[str, str] = {
     "trainer.loggers": "logging only (trackers added on resume get the steps from the resumed one on)",
     "trainer.tracking.": "logging only",
     "trainer.torch_threads": "speed only",
+    "model.compute_dtype": "the same weights; matmuls in another precision from the resumed step on",
     "trainer.split_cores": "speed only",
     "algorithm.learning_rate": "the optimizer uses it from the resumed step on (the warm-up schedule continues)",
     "algorithm.micro_batch_size": "the same gradient, computed in other slices",

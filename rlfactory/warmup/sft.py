@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from rlfactory.models.precision import autocast
 from rlfactory.recipe.sft import SFTPhase
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tupl
 
 def policy_token_loss(model: Any, input_ids: Any, attention: Any, labels: Any) -> tuple[Any, int]:
     """Mean next-token cross-entropy over policy tokens; returns (loss, number of policy tokens)."""
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
+    with autocast(model):  # model.compute_dtype (models/precision.py)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
     target = labels[:, 1:]  # [B, T-1]
     n = int((target != -100).sum())
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),

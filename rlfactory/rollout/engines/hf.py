@@ -39,6 +39,7 @@ from typing import Any, Mapping
 import torch
 
 from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
+from rlfactory.models.precision import autocast
 from rlfactory.rollout.engines.hf_kv import BatchKV
 from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
@@ -307,9 +308,10 @@ class HFEngine:
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                  cache: Any) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]  # [B, V]
+        with autocast(self.model):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()  # [B, V]
 
     def _prefill(self, batch: BatchKV, rows: list[_Request], admitted: list[_Request]) -> None:
         t0 = time.perf_counter()
