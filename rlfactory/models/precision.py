@@ -1,5 +1,5 @@
 """The matmul precision of a loaded policy (`model.compute_dtype`): weights keep `model.dtype`, and every forward pass
-(rollout engine, GRPO update, SFT, evaluation, serving) runs under `torch.autocast` to the compute dtype.
+(rollout engine, so evaluation too; GRPO update; SFT) runs under `torch.autocast` to the compute dtype.
 
 On CPUs with AMX (Intel Sapphire Rapids and later) bfloat16 matmuls are several times faster than float32 ones.
 Measured on the 2-core development machine: 128 x 256 @ 256 x 768 in 72 us against 341 us, 3000 rows in 0.79 ms

@@ -154,9 +154,9 @@ class AsyncTrainer(LocalTrainer):
                                 while (groups := self._pick(s)) is None:
                                     await self._receive(0.05)
                             with timer("update"):
-                                upd_m = await asyncio.to_thread(
-                                    self._update, [x for g in groups for x in g.trajectories], r.algorithm.off_policy)
-                        trajs = [x for g in groups for x in g.trajectories]
+                                upd_m = await asyncio.to_thread(self._update, _trajectories(groups),
+                                                                r.algorithm.off_policy)
+                        trajs = _trajectories(groups)
                         self.step += 1
                         with timer("push"):
                             weights.publish(self.model, self.step)
@@ -207,8 +207,7 @@ class AsyncTrainer(LocalTrainer):
         groups: list[Any] = []
         try:
             while len(groups) < need:
-                for msg in drain(self.launch.results, 0.0):  # whatever arrived during the last backward
-                    self._take(msg)
+                await self._receive(0.0)  # whatever arrived during the last backward
                 got = self._pick(s, need - len(groups))
                 if not got:
                     with timer("wait"):
@@ -216,7 +215,7 @@ class AsyncTrainer(LocalTrainer):
                     continue
                 groups += got
                 with timer("update"):
-                    await asyncio.to_thread(step.add, [x for g in got for x in g.trajectories])
+                    await asyncio.to_thread(step.add, _trajectories(got))
             with timer("update"):
                 return groups, await asyncio.to_thread(step.finish)
         except BaseException:
@@ -256,6 +255,10 @@ class AsyncTrainer(LocalTrainer):
             "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s")),
             "async/generator_gated_s": delta("gated_s"),
         }
+
+
+def _trajectories(groups: list[Any]) -> list[Any]:
+    return [x for g in groups for x in g.trajectories]
 
 
 def train_async(recipe: Any, *, resume: bool = False, progress: bool = False,

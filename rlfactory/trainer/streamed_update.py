@@ -21,13 +21,7 @@ from typing import Any
 
 import torch
 
-from rlfactory.algorithms.grpo import (
-    build_batch,
-    compute_advantages,
-    exclude_infra_failures,
-    prompt_groups,
-    trained_on_infra_failures,
-)
+from rlfactory.algorithms.grpo import build_batch, compute_advantages, exclude_infra_failures, trained_on_infra_failures
 from rlfactory.algorithms.off_policy import CorrectionTotals
 from rlfactory.models.loading import pad_id_of
 from rlfactory.trainer.micro_batches import length_buckets
@@ -69,15 +63,11 @@ class StreamedStep:
         self.tokens += float(mask.sum())
         self.sequences += float((mask.sum(-1) > 0).sum())
         self.adv_abs_sum += float((advantages.abs() * mask).sum())
-        has_signal = (advantages != 0).any(-1).tolist()
+        has_signal, lengths, prompt_of = host._row_plan(batch, advantages)
         self.rows_with_signal += sum(has_signal)
         rows = list(range(len(batch)))
-        if a.entropy_coef == 0 and host.ref_model is None:
-            rows = [i for i in rows if has_signal[i]]  # zero advantage, zero gradient (see update.py)
-        p_len = batch.prompt_len
-        lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
-                           batch.attention_mask[:, p_len:].sum(-1).tolist()))
-        prompt_of = prompt_groups(batch)[1].tolist() if a.shared_prompt_forward else None
+        if host._only_signal_rows():
+            rows = [i for i in rows if has_signal[i]]
         info = host.actor_cfg.global_batch_info
         info.update(dp_size=1, batch_num_tokens=1.0, global_batch_size=1.0,
                     loss_scale_factor=host.actor_cfg.loss_scale_factor)  # sums; divided in finish()

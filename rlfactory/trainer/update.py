@@ -93,13 +93,8 @@ class GRPOUpdate:
         advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
         n = len(batch)
         mini = n // a.mini_batches_per_step
-        only_signal = a.entropy_coef == 0 and self.ref_model is None
-        has_signal = (advantages != 0).any(-1).tolist()  # [N]
-        p_len = batch.prompt_len
-        lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
-                           batch.attention_mask[:, p_len:].sum(-1).tolist()))  # real (prompt, response) per row
-        share = a.shared_prompt_forward
-        prompt_of = prompt_groups(batch)[1].tolist() if share else None  # row -> distinct prompt
+        only_signal = self._only_signal_rows()
+        has_signal, lengths, prompt_of = self._row_plan(batch, advantages)
         acc = MicroTotals()
         grad_norms: list[float] = []
         self.model.train()
@@ -136,6 +131,22 @@ class GRPOUpdate:
             adv_abs_mean=float((advantages.abs() * mask).sum() / mask.sum().clamp(min=1)), tokens=float(mask.sum()),
             trained_on_infra=trained_on_infra, rows_with_signal=sum(has_signal),
             totals=totals if correction is not None else None)
+
+    def _only_signal_rows(self) -> bool:
+        """Whether rows with zero advantage may be skipped: they add exactly zero gradient (no entropy bonus, no
+        KL). The loss normalisation still counts them."""
+        return self.recipe.algorithm.entropy_coef == 0 and self.ref_model is None
+
+    def _row_plan(self, batch: Any, advantages: torch.Tensor) -> tuple[list[bool], list[tuple[int, int]],
+                                                                        list[int] | None]:
+        """Per row of `batch`: whether it has signal, its real (prompt, response) lengths, and (with the shared
+        prompt forward) the index of its distinct prompt; what `length_buckets` cuts micro-batches by."""
+        has_signal = (advantages != 0).any(-1).tolist()  # [N]
+        p_len = batch.prompt_len
+        lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
+                           batch.attention_mask[:, p_len:].sum(-1).tolist()))
+        prompt_of = prompt_groups(batch)[1].tolist() if self.recipe.algorithm.shared_prompt_forward else None
+        return has_signal, lengths, prompt_of
 
     def _micro_backward(self, batch: Any, advantages: torch.Tensor, micro: list[int], correction: Any,
                         proximal: torch.Tensor | None, weights: torch.Tensor | None, totals: CorrectionTotals,

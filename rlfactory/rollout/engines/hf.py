@@ -136,9 +136,9 @@ class HFEngine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.stats = EngineStats()
         self.policy_version = 0
+        """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
         self.worker_cpus: set[int] | None = None
         """CPUs for the decoding thread alone (set before the first request; None = the caller's)."""
-        """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
         self.weight_source = weight_source
         self.weight_loads = 0
         self.weight_load_s = 0.0
