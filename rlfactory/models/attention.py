@@ -19,6 +19,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_HALF = (torch.bfloat16, torch.float16)
+
 NAME = "rlfactory_sdpa"
 """The attention implementation's name in transformers' registries."""
 
@@ -33,10 +35,25 @@ def _gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
                                       is_causal=is_causal, **kwargs)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)  # as transformers' sdpa
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
-        enable_gqa=key.shape[1] != query.shape[1])
+    if torch.is_autocast_enabled("cpu"):
+        # Under CPU autocast (model.compute_dtype) the projections run in bfloat16 and attention in float32: the
+        # CPU attention backward is ~5x slower in bfloat16 here. Autocast would cast the inputs down (whatever
+        # their dtype: rotary embeddings already promote them to float32), so it is off for this call.
+        query, key, value = query.float(), key.float(), value.float()
+        if attention_mask is not None and attention_mask.dtype in _HALF:
+            attention_mask = attention_mask.float()
+        with torch.autocast("cpu", enabled=False):
+            out = _sdpa(query, key, value, attention_mask, dropout, scaling, is_causal)
+    else:
+        out = _sdpa(query, key, value, attention_mask, dropout, scaling, is_causal)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float,
+          scaling: float | None, is_causal: bool) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
+        enable_gqa=key.shape[1] != query.shape[1])
 
 
 def _register() -> None:

@@ -1,14 +1,16 @@
 """The matmul precision of a loaded policy (`model.compute_dtype`): weights keep `model.dtype`, and every forward pass
 (rollout engine, so evaluation too; GRPO update; SFT) runs under `torch.autocast` to the compute dtype.
 
-On CPUs with AMX (Intel Sapphire Rapids and later) bfloat16 matmuls are several times faster than float32 ones.
-Measured on the 2-core development machine: 128 x 256 @ 256 x 768 in 72 us against 341 us, 3000 rows in 0.79 ms
-against 7.2 ms; a forward/backward of the BabyAI warm start (3.7 M parameters, 32 rows x 400 tokens) in 2.6 s
-against 7.2 s. Autocast casts the float32 weights at every forward, which small batches do not repay: a BabyAI
-GRPO step (recipes/babyai_learn.yaml, steps 2-6, medians) took 2.17 s against 2.46 s, its rollouts 1.71 s against
-1.92 s, but its update 0.32 s against 0.25 s. The larger the model and its batches, the more it gains. Without AMX
-(most laptops, AMD) bfloat16 on the CPU is slower than float32: `auto` takes it only where AMX is there. Logits
-are cast back to float32 before any softmax, by the callers.
+On CPUs with native bfloat16 matmuls (AMX on Intel Sapphire Rapids and later, AVX-512 BF16 on AMD Zen 4 and later)
+bfloat16 matmuls are several times faster than float32 ones. Measured on the 2-core development machines: with AMX,
+128 x 256 @ 256 x 768 in 72 us against 341 us, 3000 rows in 0.79 ms against 7.2 ms; on an AMD EPYC with AVX-512
+BF16, a quickstart GRPO update (6 real batches, 3.3 M parameters) 0.39-0.42 s against 0.63-0.64 s, its matmuls
+3.3x faster. Attention itself runs in float32 (models/attention.py): the CPU attention backward is ~5x slower in
+bfloat16. Autocast casts the float32 weights at every forward, which small batches do not repay: a BabyAI GRPO step
+(recipes/babyai_learn.yaml, steps 2-6, medians, AMX) took 2.17 s against 2.46 s, its rollouts 1.71 s against
+1.92 s, but its update 0.32 s against 0.25 s. The larger the model and its batches, the more it gains. Without
+native bfloat16 (most laptops, older AMD) bfloat16 on the CPU is slower than float32: `auto` takes it only where
+AMX or AVX-512 BF16 is there. Logits are cast back to float32 before any softmax, by the callers.
 
 The engine's behaviour logprobs and the trainer's then differ by bfloat16 rounding (batch shapes differ too): the
 PPO ratio of an on-policy token is no longer exactly 1, as on a GPU trained in bfloat16.
@@ -26,34 +28,37 @@ ATTRIBUTE = "rlf_compute_dtype"
 
 
 @functools.cache
-def cpu_has_amx() -> bool:
-    """Whether this CPU runs bfloat16 matmuls on AMX tiles (as PyTorch's CPU capability reports it)."""
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has native bfloat16 matmuls: AMX tiles (as PyTorch's CPU capability reports it) or the
+    AVX-512 BF16 instructions (/proc/cpuinfo)."""
     try:
-        return "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper() or _flags_have_amx()
+        if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
+            return True
     except Exception:
-        return False
+        pass
+    return bool(_cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
-def _flags_have_amx() -> bool:
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "amx_bf16" in line.split()
+                    return set(line.split(":", 1)[-1].split())
     except OSError:
         pass
-    return False
+    return set()
 
 
 def resolve_compute_dtype(name: str, device: Any) -> torch.dtype | None:
     """`model.compute_dtype` -> the autocast dtype, or None for the weights' own. `auto`: bfloat16 on a CPU with
-    AMX, else none (on a GPU set `model.dtype: bfloat16` instead)."""
+    native bfloat16 matmuls (AMX or AVX-512 BF16), else none (on a GPU set `model.dtype: bfloat16` instead)."""
     if name == "none":
         return None
     if name == "bfloat16":
         return torch.bfloat16
     if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cpu" and cpu_has_amx() else None
+        return torch.bfloat16 if torch.device(device).type == "cpu" and cpu_has_fast_bf16() else None
     raise ValueError(f"model.compute_dtype: unknown value {name!r}: use none, bfloat16 or auto")
 
 

@@ -48,8 +48,8 @@ class ModelConfig(Section):
     """Weights dtype for training: `auto` = float32 on CPU, bfloat16 on GPU."""
     compute_dtype: Literal["none", "bfloat16", "auto"] = "none"
     """Matmul precision of every forward pass (rollouts, updates, SFT, eval) via torch.autocast, the weights staying
-    in `dtype`: `bfloat16`, `none` (the weights' own), or `auto` = bfloat16 on a CPU with AMX (several times faster
-    there, slower on CPUs without it), none elsewhere. See rlfactory/models/precision.py."""
+    in `dtype`: `bfloat16`, `none` (the weights' own), or `auto` = bfloat16 on a CPU with AMX or AVX-512 BF16 (several
+    times faster there, slower on CPUs without them), none elsewhere. See rlfactory/models/precision.py."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     """Optional LoRA adapter training."""
     gradient_checkpointing: bool = False

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from rlfactory.models.attention import NAME, use_gqa_attention
@@ -68,3 +69,35 @@ def test_loaded_models_use_it_and_others_are_left_alone(tmp_path):
     eager = build_tiny_qwen3(300, seed=0)
     eager.set_attn_implementation("eager")
     assert use_gqa_attention(eager).config._attn_implementation == "eager"
+
+
+class _KernelDtypes(TorchDispatchMode):
+    """Records the dtype of the query each attention kernel (forward and backward) receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in str(func):
+            self.seen.append((str(func), args[0].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def test_under_cpu_autocast_attention_runs_in_float32(pair):
+    """model.compute_dtype: the projections run in bfloat16, the attention kernels (forward and backward, ~5x slower
+    in bfloat16 on CPU) in float32; the logits stay within bfloat16 rounding of float32 ones."""
+    _, gqa = pair
+    ids, mask = _batch()
+    gqa.train()
+    ref = gqa(input_ids=ids, attention_mask=mask).logits.detach()
+    spy = _KernelDtypes()
+    with spy:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = gqa(input_ids=ids, attention_mask=mask).logits
+            assert logits.dtype is torch.bfloat16  # the projections did run in bfloat16
+        logits.float().log_softmax(-1)[..., 7].mul(mask).sum().backward()
+    kernels = {name for name, _ in spy.seen}
+    assert any("backward" in k for k in kernels) and any("backward" not in k for k in kernels)
+    assert {dtype for _, dtype in spy.seen} == {torch.float32}
+    assert torch.allclose(logits.float(), ref, atol=0.1, rtol=0.05)

@@ -1,6 +1,6 @@
 """`model.compute_dtype` (models/precision.py): forward passes of the engine and the update run under autocast to
 bfloat16 with float32 weights, give logprobs close to float32 ones and gradients that train; `auto` takes
-bfloat16 only on CPUs with AMX."""
+bfloat16 only on CPUs with native bfloat16 matmuls (AMX or AVX-512 BF16)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from rlfactory.algorithms.grpo import build_batch, response_logprobs
-from rlfactory.models.precision import autocast, compute_dtype_of, cpu_has_amx, resolve_compute_dtype, set_compute_dtype
+from rlfactory.models.precision import (
+    autocast,
+    compute_dtype_of,
+    cpu_has_fast_bf16,
+    resolve_compute_dtype,
+    set_compute_dtype,
+)
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import SamplingParams
@@ -20,7 +26,7 @@ from rlfactory.rollout.trajectory import Trajectory
 def test_names_resolve():
     assert resolve_compute_dtype("none", "cpu") is None
     assert resolve_compute_dtype("bfloat16", "cpu") is torch.bfloat16
-    assert resolve_compute_dtype("auto", "cpu") is (torch.bfloat16 if cpu_has_amx() else None)
+    assert resolve_compute_dtype("auto", "cpu") is (torch.bfloat16 if cpu_has_fast_bf16() else None)
     assert resolve_compute_dtype("auto", "cuda") is None  # on a GPU, model.dtype: bfloat16 is the knob
     with pytest.raises(ValueError, match="model.compute_dtype"):
         resolve_compute_dtype("fp8", "cpu")

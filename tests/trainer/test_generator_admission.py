@@ -1,0 +1,28 @@
+"""When the asynchronous generator may start another group (generator.may_start): the staleness bound, and the first
+step's groups running alone before the first weights push."""
+from __future__ import annotations
+
+from rlfactory.trainer.generator import may_start
+
+
+def test_the_bound_allows_k_plus_one_steps_of_groups_per_push():
+    P, k = 4, 1
+    # after one push: up to (1 + k + 1) * P = 12 live groups, whatever is still running
+    assert may_start(1, 11, running=11, per_step=P, k=k)
+    assert not may_start(1, 12, running=0, per_step=P, k=k)
+    assert may_start(3, 19, running=5, per_step=P, k=2)  # (3 + 2 + 1) * 4 = 24
+    assert not may_start(3, 24, running=5, per_step=P, k=2)
+
+
+def test_before_the_first_push_the_first_steps_groups_run_alone():
+    P, k = 4, 1
+    for live in range(P):  # the first step's groups start at once
+        assert may_start(0, live, running=live, per_step=P, k=k)
+    assert not may_start(0, P, running=1, per_step=P, k=k)  # one of them still runs: wait
+    assert may_start(0, P, running=0, per_step=P, k=k)  # all done: the next step's groups start
+    assert may_start(0, P + 2, running=2, per_step=P, k=k)  # and run together, up to the bound
+    assert not may_start(0, 2 * P, running=0, per_step=P, k=k)
+
+
+def test_after_the_first_push_the_next_steps_groups_start_beside_running_ones():
+    assert may_start(1, 5, running=3, per_step=4, k=1)
