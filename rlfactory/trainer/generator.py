@@ -10,10 +10,10 @@ The generator runs its own copy of the policy, tool servers, AgentLoop and Rewar
 in flight as the staleness bound allows: group number i may start while
     started - dropped < (v - v0 + k + 1) * prompts_per_step
 where v is the newest published version and v0 the version this launch began at; before the first push the
-first step's groups run alone, and the next step's start once they are done (`may_start`). Groups consumed in start order
-are then trained at most k versions after they started; a straggler the trainer skips past may not be, and the
-trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet the bound
-(counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a trajectory
+first step's groups run alone, and the next step's start once they are done (`may_start`). Groups consumed in
+start order are then trained at most k versions after they started; a straggler the trainer skips past may not
+be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
+the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a trajectory
 in flight continues under them (a partial rollout): every policy token carries the version that sampled it.
 
 Start-up: `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
