@@ -13,8 +13,9 @@ where v is the newest published version and v0 the version this launch began at;
 first step's groups run alone, and the next step's start once they are done (`may_start`). Groups consumed in
 start order are then trained at most k versions after they started; a straggler the trainer skips past may not
 be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
-the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a trajectory
-in flight continues under them (a partial rollout): every policy token carries the version that sampled it.
+the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a
+trajectory in flight continues under them (a partial rollout): every policy token carries the version that
+sampled it.
 
 Start-up: `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
 imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
