@@ -62,6 +62,10 @@ class RolloutConfig(Section):
     """Maximum assistant turns per trajectory: `fixed` or `scaling_inter`."""
     max_tool_calls_per_turn: int = Field(4, ge=1)
     """Tool calls beyond this in one turn are not run; the model is told so."""
+    stop_at_tool_call_end: bool = False
+    """End each assistant turn at its first `</tool_call>` (a stop token; the chat template's `<|im_end|>` then
+    closes the turn as part of the tool response, not trained on). With one call a turn, the policy cannot write on
+    past its call to the token cap, which nothing in the reward discourages otherwise. Rollouts and evaluation."""
     max_response_tokens: int = Field(2048, ge=1)
     """Total token budget of the response (policy + tool tokens) per trajectory."""
     max_context_tokens: int = Field(4096, ge=16)

@@ -52,7 +52,8 @@ async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path,
             await tools.start()
         rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
         chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,
-                          enable_thinking=recipe.rollout.enable_thinking, system_prompt=recipe.rollout.system_prompt)
+                          enable_thinking=recipe.rollout.enable_thinking, system_prompt=recipe.rollout.system_prompt,
+                          stop_at_tool_call_end=recipe.rollout.stop_at_tool_call_end)
     except BaseException:
         await close_tool_side(tools, cache)
         raise
