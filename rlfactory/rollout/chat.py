@@ -98,6 +98,13 @@ class ChatFormat:
         # verbose=False: a long tool output is cut to its budget afterwards; no "sequence too long" warning
         return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
+    @classmethod
+    def for_rollout(cls, tokenizer: Any, tools: list[dict[str, Any]] | None, rollout: Any) -> "ChatFormat":
+        """The chat format a recipe's rollouts generate with: its `rollout:` section's thinking switch, system
+        prompt and `stop_at_tool_call_end` (training, evaluation and the warm-start check alike)."""
+        return cls(tokenizer, tools, enable_thinking=rollout.enable_thinking, system_prompt=rollout.system_prompt,
+                   stop_at_tool_call_end=rollout.stop_at_tool_call_end)
+
     def decode(self, ids: list[int]) -> str:
         """Ids to text, special tokens kept. For viewing, rewards and parsing only: never re-encode the result."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -51,9 +51,7 @@ async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path,
             tools = ToolManager.from_recipe(recipe.tools, cache=cache, origin=origin)
             await tools.start()
         rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
-        chat = ChatFormat(tokenizer, tools.openai_schemas() if tools else None,
-                          enable_thinking=recipe.rollout.enable_thinking, system_prompt=recipe.rollout.system_prompt,
-                          stop_at_tool_call_end=recipe.rollout.stop_at_tool_call_end)
+        chat = ChatFormat.for_rollout(tokenizer, tools.openai_schemas() if tools else None, recipe.rollout)
     except BaseException:
         await close_tool_side(tools, cache)
         raise

@@ -94,9 +94,7 @@ async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, to
                              seed: int = 0) -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
     tasks = load_tasks(check_tasks_file(recipe, cfg), recipe.data, limit=cfg.tasks)
-    chat = ChatFormat(tokenizer, manager.openai_schemas(), enable_thinking=recipe.rollout.enable_thinking,
-                      system_prompt=recipe.rollout.system_prompt,
-                      stop_at_tool_call_end=recipe.rollout.stop_at_tool_call_end)
+    chat = ChatFormat.for_rollout(tokenizer, manager.openai_schemas(), recipe.rollout)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=chat.stop_token_ids,
                       tokenizer=tokenizer, device="cpu")
     try:
