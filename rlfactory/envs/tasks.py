@@ -52,6 +52,33 @@ SPLITS: dict[str, tuple[range, range]] = {
 }
 
 
+TEXTCRAFT_AGENTGYM_GOALS = 533
+"""Goals of our recipe set in the agentgym task set (task id % 533 names the goal)."""
+TEXTCRAFT_AGENTGYM_VAL = (27, 63, 70, 83, 112, 126, 140, 143, 145, 154, 178, 201, 215, 254, 258, 284, 296, 310, 316,
+                          325, 338, 374, 393, 411, 418, 419, 424, 429, 485, 513, 518, 519)
+"""The agentgym TextCraft task set's held-out goals: 32 drawn at random (`random.Random(17).sample(range(533), 32)`).
+AgentGym numbers goals by crafting depth and then by name, so a contiguous block of ids (the 320-351 used before)
+is one depth band of alphabetically adjacent names, a shift of distribution rather than a held-out sample."""
+TEXTCRAFT_SFT_ROUNDS = 5
+"""The demonstration pool plays each training goal this many times, as task ids g, g + 533, ...: the same goal
+with other distractors in another order."""
+
+
+def _textcraft_agentgym_split(split: str) -> list[int]:
+    val = set(TEXTCRAFT_AGENTGYM_VAL)
+    if split == "val":
+        return list(TEXTCRAFT_AGENTGYM_VAL)
+    rounds = 1 if split == "train" else TEXTCRAFT_SFT_ROUNDS
+    return [i for i in range(TEXTCRAFT_AGENTGYM_GOALS * rounds) if i % TEXTCRAFT_AGENTGYM_GOALS not in val]
+
+
+AGENTGYM_SPLITS: dict[str, dict[str, list[int]]] = {
+    "textcraft": {split: _textcraft_agentgym_split(split) for split in ("train", "val", "sft")},
+}
+"""Where the agentgym task set splits differently from `SPLITS`: TextCraft's train (every other goal), val and sft
+(the demonstration pool of `recipes/textcraft_learn_sft.yaml`: the training goals, 5 times each) ids."""
+
+
 def textcraft_prompt(task_id: int) -> str:
     goal = TextCraftEnv().reset(task_id).info["goal"]
     return (f"TextCraft task {task_id}: craft {goal}. The crafting commands are below. "
@@ -151,14 +178,17 @@ def server_goals(env: str, url: str, ids: range | list[int], **client_kwargs: An
 
 
 def write_splits(out: Path, envs: list[str], task_set: str = "rlfactory") -> list[Path]:
-    """Write each env's train/val rows (`SPLITS`) into `out`: `{env}_{split}.jsonl`, or `{env}_agentgym_{split}.jsonl`
-    for the agentgym task set."""
+    """Write each env's train/val rows (`SPLITS`; for the agentgym task set, `AGENTGYM_SPLITS` where it has the env)
+    into `out`: `{env}_{split}.jsonl`, or `{env}_agentgym_{split}.jsonl` for the agentgym task set."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for env in envs:
         train, val = SPLITS[env]
         tag = "" if task_set == "rlfactory" else f"_{task_set}"
-        for split, ids in (("train", train), ("val", val)):
+        splits: dict[str, Any] = {"train": train, "val": val}
+        if task_set == "agentgym":
+            splits.update(AGENTGYM_SPLITS.get(env, {}))
+        for split, ids in splits.items():
             path = out / f"{env}{tag}_{split}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in task_rows(env, ids, task_set)))
             written.append(path)

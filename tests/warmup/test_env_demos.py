@@ -1,8 +1,8 @@
 """Warm starts in environments: the scripted demonstrators play real BabyAI and TextCraft MCP servers (AgentGym's
 task ids, `mcp_configs/agentgym_tasks.json`), their transcripts encode token for token as the AgentLoop builds the
-same episode, the `sft:` section checks its environment demo sets, and the shipped BabyAI warm start loads and passes
+same episode, the `sft:` section checks its environment demo sets, and the shipped warm starts load and pass
 its usable-start check. Real parts: the environment servers as subprocesses, the ToolManager, the AgentLoop, the
-Qwen3 model and tokenizer shipped in models/babyai-walker."""
+Qwen3 models and tokenizers shipped in models/babyai-walker and models/textcraft-crafter."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +16,6 @@ from rlfactory.recipe.tools import ToolsConfig
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "mcp_configs" / "agentgym_tasks.json")
 TASKS = REPO / "envs" / "tools" / "data" / "tasks"
-WARM = REPO / "models" / "babyai-walker"
 MACRO_PREFIXES = ("go to ", "pickup ", "toggle and go through ", "go through ")
 WALK_WORDS = {"turn left", "turn right", "move forward", "toggle", "drop"}
 
@@ -154,19 +153,39 @@ def test_sft_section_names_what_an_environment_demo_set_lacks():
         play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[1].styles))
 
 
-def test_shipped_babyai_warm_start_is_small_and_passes_its_check(tmp_path):
-    """The warm start recipes/babyai_learn.yaml trains from: bf16, a few MB, and (sampled, as GRPO will see it) it
-    solves some held-out tasks and not all, so GRPO's groups disagree."""
+@pytest.mark.parametrize("env,model", [("babyai", "babyai-walker"), ("textcraft", "textcraft-crafter")])
+def test_shipped_warm_start_is_small_and_passes_its_check(env, model):
+    """The warm starts the learning recipes train from: bf16, a few MB, and (sampled on training tasks, as GRPO will
+    see them) they solve some tasks and not all, so GRPO's groups disagree."""
     from rlfactory.warmup.run import check_model, load_sft_recipe
 
-    summary = json.loads((WARM / "sft_summary.json").read_text())
-    assert (WARM / "model.safetensors").stat().st_size < 16 * 2**20
-    assert json.loads((WARM / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"].startswith("rlfactory sft recipes/babyai_learn_sft.yaml")
-    recipe, sft = load_sft_recipe(REPO / "recipes" / "babyai_learn_sft.yaml", ["sft.check.tasks=32"])
+    warm = REPO / "models" / model
+    summary = json.loads((warm / "sft_summary.json").read_text())
+    assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
+    assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
+    assert summary["made_by"].startswith(f"rlfactory sft recipes/{env}_learn_sft.yaml")
+    recipe, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml", ["sft.check.tasks=32"])
     check = asyncio.run(check_model(recipe, sft))
     assert check["errors"] == 0 and check["well_formed"] > 0.8
     assert 0.0 < check["success"] < 1.0, check
+
+
+def test_textcraft_held_out_goals_are_never_trained_or_demonstrated():
+    """The agentgym TextCraft split: 32 goals held out at random, the other 501 trained on, and the demonstration pool
+    plays only those 501; the shipped files are what rlfactory.envs.tasks writes."""
+    from rlfactory.envs.tasks import AGENTGYM_SPLITS, task_rows
+    from rlfactory.envs.textcraft import TextCraftEnv
+
+    env = TextCraftEnv(task_set="agentgym")
+    goal = {i: env.goals[i % env.num_tasks] for s in AGENTGYM_SPLITS["textcraft"].values() for i in s}
+    split = {name: [json.loads(x) for x in (TASKS / f"textcraft_agentgym_{name}.jsonl").read_text().splitlines()]
+             for name in ("train", "val", "sft")}
+    for name, file_rows in split.items():
+        assert file_rows == task_rows("textcraft", AGENTGYM_SPLITS["textcraft"][name], "agentgym")
+    goals = {name: {goal[r["env"]["task_id"]] for r in file_rows} for name, file_rows in split.items()}
+    assert len(goals["val"]) == 32 and len(goals["train"]) == env.num_tasks - 32
+    assert not goals["val"] & (goals["train"] | goals["sft"]) and goals["sft"] == goals["train"]
+    assert len(split["sft"]) == 5 * len(split["train"])  # each training goal with 5 draws of distractors
 
 
 @pytest.mark.parametrize("env", ["babyai", "textcraft"])
