@@ -25,7 +25,7 @@ from rlfactory.errors import ConfigError
 from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
-from rlfactory.trainer.generator import GeneratorLaunch
+from rlfactory.trainer.generator_launch import GeneratorLaunch
 from rlfactory.trainer.resume_changes import check_resume
 from rlfactory.trainer.run_dir import refuse_to_replace
 

@@ -1,7 +1,7 @@
 """TextCraft as a stateful MCP server (stdio): `reset(task_id)`, `step(action)`, `observe()`, `close()`.
 
 Run: `python -m rlfactory.envs.tools.textcraft [--task-set rlfactory|agentgym] [--goal-order FILE]
-[--max-episodes N] [--idle-timeout-s S]`. The game itself is `rlfactory/envs/textcraft.py` (our recipe set:
+[--shuffle-names] [--max-episodes N] [--idle-timeout-s S]`. The game itself is `rlfactory/envs/textcraft.py` (our recipe set:
 envs/tools/data/textcraft_recipes.json); `--task-set agentgym` numbers the tasks as AgentGym's server does.
 """
 from __future__ import annotations
@@ -17,11 +17,21 @@ INSTRUCTIONS = (
 
 
 def main() -> None:
-    args = server_args("TextCraft MCP server", task_sets=TASK_SETS, extra=lambda p: p.add_argument(
-        "--goal-order", default=None, help="agentgym task set: JSON file of AgentGym's goal names by task id"))
-    TextCraftEnv(task_set=args.task_set, goal_order=args.goal_order)  # a bad option fails here, not per episode
+    def extra(p):
+        p.add_argument("--goal-order", default=None,
+                       help="agentgym task set: JSON file of AgentGym's goal names by task id")
+        p.add_argument("--shuffle-names", action="store_true",
+                       help="rename the items of every episode, drawn from its task id (demonstrations that teach "
+                            "reading the crafting commands rather than recalling a goal's plan)")
+
+    args = server_args("TextCraft MCP server", task_sets=TASK_SETS, extra=extra)
+
+    def make() -> TextCraftEnv:
+        return TextCraftEnv(task_set=args.task_set, goal_order=args.goal_order, shuffle_names=args.shuffle_names)
+
+    make()  # a bad option fails here, not per episode
     es = build_env_server(
-        "textcraft", lambda: TextCraftEnv(task_set=args.task_set, goal_order=args.goal_order),
+        "textcraft", make,
         instructions=INSTRUCTIONS,
         reset_doc="Start TextCraft task `task_id` (any integer; the same id is always the same goal). Returns the "
                   "crafting commands available and the goal item.",

@@ -15,6 +15,9 @@ Minecraft's own recipes, which we do not ship; so give `goal_order` (the goal na
 `rlfactory envs tasks --server URL --goals-out FILE` reads them off a running AgentGym server) for the same goal
 per id; without it ties go by name, and only the depth band of an id matches. A goal of that list our recipe set
 cannot craft is an error naming it at reset (docs/environments.md lists the differences).
+`shuffle_names`: every episode renames the items by a bijection drawn from its task id (base items among base
+items, craftable among craftable): the same crafting trees under other names, so that a plan cannot be recalled by
+the goal's name and has to be read off the crafting commands (demonstrations that teach reading).
 Left out: tag-based ingredients ("any planks"), and smelting.
 """
 from __future__ import annotations
@@ -104,6 +107,24 @@ class RecipeBook:
         return out
 
 
+def shuffled_names(book: RecipeBook, seed: int) -> dict[str, str]:
+    """A bijection of the book's item names, drawn from `seed`: base items among base items, craftable ones among
+    craftable ones, so a renamed world has the same shape and every name still reads like an item."""
+    rng = random.Random(f"textcraft-names-{seed}")
+    out: dict[str, str] = {}
+    for pool in (sorted(book.base_items), sorted(book.by_output)):
+        drawn = list(pool)
+        rng.shuffle(drawn)
+        out.update(zip(pool, drawn))
+    return out
+
+
+def renamed_book(book: RecipeBook, names: dict[str, str]) -> RecipeBook:
+    """The same recipes with every item renamed by `names`."""
+    return RecipeBook([Recipe(names[r.output], r.count, tuple(sorted((names[i], n) for i, n in r.inputs)))
+                       for r in book.recipes])
+
+
 @lru_cache(maxsize=4)
 def load_recipe_book(path: str = str(DEFAULT_RECIPES)) -> RecipeBook:
     try:
@@ -148,10 +169,11 @@ class TextCraftEnv:
     """One TextCraft episode. `reset(task_id)` starts a task; `step(action)` plays one command."""
 
     def __init__(self, recipes_path: str | None = None, task_set: str = "rlfactory",
-                 goal_order: str | list[str] | None = None):
+                 goal_order: str | list[str] | None = None, shuffle_names: bool = False):
         if task_set not in TASK_SETS:
             raise ValueError(f"TextCraft task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
-        self.book = load_recipe_book(recipes_path or str(DEFAULT_RECIPES))
+        self.book = self.base_book = load_recipe_book(recipes_path or str(DEFAULT_RECIPES))
+        self.shuffle_names = shuffle_names
         self.task_set = task_set
         if goal_order is not None and task_set != "agentgym":
             raise ValueError("TextCraft goal_order: only the agentgym task set takes a goal order")
@@ -170,10 +192,13 @@ class TextCraftEnv:
 
     def reset(self, task_id: int = 0) -> StepResult:
         goal = self.goals[int(task_id) % len(self.goals)]
-        if goal not in self.book.by_output:
+        if goal not in self.base_book.by_output:
             raise EnvError(f"TextCraft task {task_id} of the agentgym goal order is {goal!r}, which this recipe set "
                            "cannot craft (AgentGym plays Minecraft's recipes; see docs/environments.md)")
         self.task_id = int(task_id)
+        if self.shuffle_names:
+            names = shuffled_names(self.base_book, self.task_id)
+            self.book, goal = renamed_book(self.base_book, names), names[goal]
         self.goal = goal
         self.inventory = {}
         self.done = False

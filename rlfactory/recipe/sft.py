@@ -64,6 +64,10 @@ class DemoSetConfig(Section):
     styles: dict[str, float] = Field(default_factory=dict)
     """Environment demonstrators: weights of their styles (textcraft: plan; babyai: walk, macro); empty = the
     first style only."""
+    mcp_configs: list[str] | None = None
+    """Environment demonstrators: `mcpServers` files (relative to the recipe) to play this set through instead of
+    `tools.mcp_configs`, with the same server names, so the transcripts show the same tools (e.g.
+    ../mcp_configs/textcraft_shuffled.json: TextCraft with every episode's items renamed); empty = the recipe's."""
     max_turns: int | None = Field(None, ge=2)
     """Environment demonstrators: turns an episode may take (as the rollout horizon counts them); empty = the
     recipe's largest horizon. Longer episodes are dropped."""

@@ -41,7 +41,7 @@ from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import rollout_metrics
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.tools.counters import combine_counters, tool_metrics
-from rlfactory.trainer.generator import GeneratorLaunch, Setup, drain
+from rlfactory.trainer.generator_launch import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
 from rlfactory.trainer.progress import StepProgress

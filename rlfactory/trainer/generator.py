@@ -17,7 +17,7 @@ the bound (counted), `wait` makes the trainer take groups in start order. Weight
 trajectory in flight continues under them (a partial rollout): every policy token carries the version that
 sampled it.
 
-Start-up: `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
+Start-up (generator_launch.py, the trainer's side): `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
 imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
 here). The generator loads its model and then waits for `setup` (the shared weights and the data position, once
 the trainer has prepared the run folder and restored any checkpoint) before it starts its tool servers. With
@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import queue as queue_mod
 import signal
 import threading
 import time
@@ -85,81 +84,6 @@ class Setup:
     engine_cpus: list[int] | None = None
     """`trainer.split_cores`: the CPUs of the generator's decoding thread (its event loop and tool servers are not
 pinned)."""
-
-
-class GeneratorLaunch:
-    """The generator process and its channels, as the trainer holds them."""
-
-    def __init__(self, recipe: "Recipe"):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.ctx = ctx
-        self.results, self.stop_event = ctx.Queue(), ctx.Event()
-        # a pipe, not a queue: send() pickles in the caller, so a message that cannot travel fails there, loudly
-        self._setup_in, self._setup_out = ctx.Pipe(duplex=False)
-        self.lock = ctx.Lock()
-        """The SharedWeights lock (a lock reaches a spawned process only as an argument of the spawn)."""
-        self.trainer_drops = ctx.Value("q", 0)
-        """Groups the trainer dropped (they free their places under the staleness bound)."""
-        spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
-        self._cpus: list[int] | None = None  # this process's CPUs before the split (restored by stop)
-        self.engine_cpus: list[int] | None = None
-        self.proc = ctx.Process(target=generator_main, name="rlfactory-generator", daemon=True,
-                                args=(spec, self.results, (self._setup_in, self.lock), self.stop_event,
-                                      self.trainer_drops))
-
-    @classmethod
-    def start(cls, recipe: "Recipe") -> "GeneratorLaunch":
-        launch = cls(recipe)
-        launch.proc.start()
-        if recipe.trainer.split_cores:
-            launch._split_cores()
-        return launch
-
-    def _split_cores(self) -> None:
-        """Keep the first half of this process's CPUs here and give the generator's decoding thread the second
-        half (`engine_cpus`, sent with the Setup), so the update and the decoding never take turns on one core.
-        The generator's event loop and its tool servers are not pinned: they run where a CPU is free."""
-        if not hasattr(os, "sched_getaffinity"):
-            return
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < 2:
-            return
-        half = len(cpus) // 2
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus[:half])
-            self._cpus = cpus
-            self.engine_cpus = cpus[half:]
-            logger.info("CPUs: trainer %s, generator's decoding %s", cpus[:half], cpus[half:])
-
-    def setup(self, setup: Setup) -> None:
-        self._setup_out.send(setup)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Ask the generator to close its tool servers and exit; terminate it if it does not."""
-        self.stop_event.set()
-        deadline = time.monotonic() + timeout_s
-        while self.proc.is_alive() and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                drain(self.results, 0.1)  # a full queue would keep its feeder thread, and the process, alive
-        if self.proc.is_alive():
-            logger.warning("the generator process did not stop within %.0f s; terminating it", timeout_s)
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        with contextlib.suppress(Exception):
-            self.results.cancel_join_thread()
-            self.results.close()
-        if self._cpus is not None:  # a Python caller's process goes on after the run with all its CPUs
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, self._cpus)
-            self._cpus = None
-        for end in (self._setup_in, self._setup_out):
-            with contextlib.suppress(Exception):
-                end.close()
 
 
 @dataclass
@@ -425,15 +349,3 @@ class _VersionWatch:
             low = min(out.versions)
             self.oldest[gid] = min(self.oldest.get(gid, low), low)
         return out
-
-
-def drain(results: Any, timeout_s: float) -> list[tuple[str, Any]]:
-    """Messages waiting on `results` within `timeout_s` (the first blocks, the rest do not)."""
-    out: list[tuple[str, Any]] = []
-    try:
-        out.append(results.get(timeout=timeout_s))
-        while True:
-            out.append(results.get_nowait())
-    except queue_mod.Empty:
-        pass
-    return out

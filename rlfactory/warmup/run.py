@@ -9,6 +9,7 @@ authors), and packing several transcripts into one sequence.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -82,6 +83,11 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
     for d in sft.demos:
         if d.tasks_file:
             d.tasks_file = resolve(d.tasks_file)
+        if d.mcp_configs:
+            if d.policy == "calculator":
+                raise ConfigError(f"sft.demos ({d.name}).mcp_configs: only environment demonstrators play through "
+                                  "their own servers; remove it", file=str(path))
+            d.mcp_configs = [resolve(c) for c in d.mcp_configs]
     names = {d.name for d in sft.demos}
     for phase in sft.phases:
         if phase.data not in names:
@@ -98,8 +104,13 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
     if not recipe.tools.mcp_configs:
         raise ConfigError("sft.demos need tools: set tools.mcp_configs to the servers the demonstrations call",
                           file=recipe.source)
-    async with ToolManager.from_recipe(recipe.tools) as manager:
+    async with contextlib.AsyncExitStack() as stack:
+        shared = await stack.enter_async_context(ToolManager.from_recipe(recipe.tools))
         for d in sft.demos:
+            manager = shared
+            if d.mcp_configs:  # the same server names on other settings: the transcripts show the same tools
+                tools = recipe.tools.model_copy(update={"mcp_configs": list(d.mcp_configs)})
+                manager = await stack.enter_async_context(ToolManager.from_recipe(tools))
             t0 = time.perf_counter()
             tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
                 d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")

@@ -94,6 +94,25 @@ def test_textcraft_agentgym_goal_order():
     assert result.done and result.reward == 1.0
 
 
+def test_textcraft_shuffled_names_keep_the_world_and_change_every_name():
+    """`shuffle_names`: each episode renames the items by a bijection drawn from its task id; the crafting tree is
+    the same shape (the planner's plan has the same length and solves it), and one id is always the same world."""
+    plain, shuffled = TextCraftEnv(task_set="agentgym"), TextCraftEnv(task_set="agentgym", shuffle_names=True)
+    renamed = 0
+    for task_id in (3, 17, 120, 400, 533 + 17):
+        obs, obs_shuffled = plain.reset(task_id).observation, shuffled.reset(task_id).observation
+        plan, plan_shuffled = textcraft_plan(obs), textcraft_plan(obs_shuffled)
+        assert len(plan) == len(plan_shuffled) and obs.count("\n") == obs_shuffled.count("\n")
+        renamed += shuffled.goal != plain.goal
+        for action in plan_shuffled:
+            result = shuffled.step(action)
+        assert result.done and result.reward == 1.0
+        assert shuffled.reset(task_id).observation == obs_shuffled  # the same id, the same names
+        assert shuffled.commands != plain.commands  # other names in the crafting commands
+    assert renamed >= 4
+    assert plain.reset(17).observation.endswith("Goal: craft " + plain.book.agentgym_goals[17] + ".")
+
+
 def test_textcraft_agentgym_with_the_servers_goal_order(tmp_path):
     # Goals as AgentGym's own server numbered them here (ids 0, 3, 17: light blue dye, green stained glass, lead).
     order = ["light blue dye", "oak planks", "stick", "green stained glass"] + ["stick"] * 13 + ["lead"]

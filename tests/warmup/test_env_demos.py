@@ -93,6 +93,31 @@ def test_textcraft_demos_follow_the_plan_through_the_real_server():
         assert "Task complete" in d["messages"][-1]["content"]
 
 
+def test_a_demo_set_plays_through_its_own_servers_with_the_same_tools(tmp_path):
+    """`sft.demos.N.mcp_configs`: the set's episodes run on TextCraft with shuffled names (the same server name, so
+    the transcripts render the same tools); the other set runs on the recipe's servers, with the real names."""
+    from rlfactory.warmup.run import load_sft_recipe, make_demo_sets
+
+    recipe, sft = load_sft_recipe(REPO / "recipes" / "textcraft_learn_sft.yaml", [
+        "sft.demos=[{name: real, policy: textcraft, n: 4, max_turns: 12, tasks_file: "
+        "pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl}, {name: shuffled, policy: textcraft, "
+        "n: 4, max_turns: 12, tasks_file: pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl, "
+        "mcp_configs: [../mcp_configs/textcraft_shuffled.json]}]",
+        "sft.phases=[{data: real, steps: 1, lr: 1.0e-3}]"])
+    assert sft.demos[1].mcp_configs == [str(REPO / "mcp_configs" / "textcraft_shuffled.json")]
+    sets = asyncio.run(make_demo_sets(recipe, sft, tmp_path))
+    real, shuffled = sets["real"], sets["shuffled"]
+    assert len(real) == len(shuffled) == 4 and (tmp_path / "shuffled.jsonl").is_file()
+    assert [d["tools"] for d in shuffled] == [d["tools"] for d in real]
+    for a, b in zip(real, shuffled):
+        assert a["id"] == b["id"] and a["messages"][2]["content"] != b["messages"][2]["content"]
+        assert "Task complete" in b["messages"][-1]["content"]
+    from rlfactory.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only environment demonstrators"):
+        load_sft_recipe(REPO / "recipes" / "quickstart_sft.yaml", ["sft.demos.0.mcp_configs=[x.json]"])
+
+
 def test_demo_encoding_equals_what_the_agent_loop_builds_for_the_same_episode(babyai_demos):
     """Replay each demonstration's actions through the real AgentLoop on the real server: the trajectory (the loop
     resets the episode itself and shows its observation) must hold the SFT encoding token for token."""
