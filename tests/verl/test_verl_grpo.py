@@ -41,7 +41,8 @@ def _verl_actor_config(tmp_path: Path, overrides: list[str]):
     from verl.utils.config import omega_conf_to_dataclass
 
     from rlfactory.recipe.schema import Recipe
-    from rlfactory.verl.config import VerlFiles, compose, to_overrides, verl_settings
+    from rlfactory.verl.config import VerlFiles, verl_settings
+    from rlfactory.verl.hydra_config import compose, to_overrides
 
     r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml",
                          ["engine=verl", "verl.gpus_per_node=1", f"trainer.output_dir={tmp_path}"] + overrides)

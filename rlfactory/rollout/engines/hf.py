@@ -33,7 +33,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -42,6 +41,7 @@ from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.precision import autocast
 from rlfactory.rollout.engines.hf_kv import BatchKV
 from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
+from rlfactory.rollout.engines.hf_request import EngineStats, Request, finish_reason, new_tokens, resolve
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 
@@ -51,49 +51,6 @@ COMPACT_MIN_ROWS = 4
 """Finished rows stay in the running batch until at least this many (and a quarter of the live ones) have gathered:
 then one copy of the KV cache removes them all (measured on CPU: a dead row costs ~0.1 ms a decode step for the
 quickstart's model, a compaction of 64 rows ~3-5 ms)."""
-
-
-@dataclass
-class EngineStats:
-    """Counters since the engine started (read `HFEngine.stats`)."""
-
-    requests: int = 0
-    prefill_batches: int = 0
-    """Forward passes that admitted new requests; fewer than `requests` means requests were batched."""
-    decode_steps: int = 0
-    generated_tokens: int = 0
-    max_batch_rows: int = 0
-    """Most sequences decoded together in one step."""
-    busy_s: float = 0.0
-    """Seconds the worker spent in forward passes and sampling."""
-    prefill_s: float = 0.0
-    """Of `busy_s`: seconds in prefills (forward and first sample)."""
-    decode_s: float = 0.0
-    """Of `busy_s`: seconds in decode steps (forward and sample)."""
-    prefill_tokens: int = 0
-    """Prompt tokens run through the model in prefills (after the prefix cache)."""
-    prefix_cached_tokens: int = 0
-    """Prompt tokens the prefix cache spared: shared prompts of a prefill and parked conversations."""
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    generator: torch.Generator
-    stop_ids: frozenset[int]
-    request_id: str
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
-    out_versions: list[int] = field(default_factory=list)
-    finish: str | None = None
-    cancelled: bool = False
-    past: Parked | None = None
-    """Parked keys/values of this conversation's earlier turns (the prefix cache), taken when admitted."""
-    kv_key: int | None = None
-    """`HFEngine._weights_key()` when its keys/values were computed (the prefix cache)."""
 
 
 class HFEngine:
@@ -142,7 +99,7 @@ class HFEngine:
         self.weight_source = weight_source
         self.weight_loads = 0
         self.weight_load_s = 0.0
-        self._pending: deque[_Request] = deque()
+        self._pending: deque[Request] = deque()
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()  # held for every forward pass and for weight loads
         self._worker: threading.Thread | None = None
@@ -171,7 +128,7 @@ class HFEngine:
         if sampling.max_new_tokens <= 0:
             return GenerationOutput(token_ids=[], logprobs=[], finish_reason="length")
         loop = asyncio.get_running_loop()
-        req = _Request(
+        req = Request(
             prompt_ids=list(prompt_ids), sampling=sampling, loop=loop, future=loop.create_future(),
             generator=make_generator(sampling.seed, self.device),
             stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
@@ -249,7 +206,7 @@ class HFEngine:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.worker_cpus)  # Linux: this thread only
         batch = BatchKV(self.pad_token_id)
-        rows: list[_Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
+        rows: list[Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
         while True:
             with self._cond:
                 while not self._pending and not rows and not self._closed:
@@ -267,15 +224,15 @@ class HFEngine:
                 live = [r for r in rows if r is not None]
                 logger.exception("HF engine step failed; failing %d requests", len(live) + len(admitted))
                 for r in {id(r): r for r in live + admitted}.values():
-                    self._resolve(r, error=e)
+                    resolve(r, error=e)
                 rows, batch = [], BatchKV(self.pad_token_id)
             finally:
                 self.stats.busy_s += time.perf_counter() - started
         for r in [r for r in rows if r is not None] + list(self._pending):
-            self._resolve(r, error=RuntimeError("HFEngine closed"))
+            resolve(r, error=RuntimeError("HFEngine closed"))
         self._pending.clear()
 
-    def _step(self, batch: BatchKV, rows: list[_Request | None], admitted: list[_Request]) -> list[_Request | None]:
+    def _step(self, batch: BatchKV, rows: list[Request | None], admitted: list[Request]) -> list[Request | None]:
         """Admit (prefill) new rows, then decode one token for every live row. Returns the batch's rows (None for
         finished ones still in it)."""
         with self._step_lock, torch.inference_mode():
@@ -289,8 +246,8 @@ class HFEngine:
                 self._decode_step(batch, rows)
         return self._evict(batch, rows)
 
-    def _take_pending(self, active: int) -> list[_Request]:
-        taken: list[_Request] = []
+    def _take_pending(self, active: int) -> list[Request]:
+        taken: list[Request] = []
         budget = self.max_prefill_tokens
         key = self._weights_key() if self._parked is not None and len(self._parked) else None
         with self._cond:
@@ -298,7 +255,7 @@ class HFEngine:
                 req = self._pending[0]
                 if key is not None and req.past is None:
                     req.past = self._parked.take(req.prompt_ids, key)
-                longest = max(_new_tokens(r) for r in taken + [req])
+                longest = max(new_tokens(r) for r in taken + [req])
                 if taken and longest * (len(taken) + 1) > budget:
                     break  # prefill cost is padded length x rows; the rest join at the next step
                 self._pending.popleft()
@@ -313,7 +270,7 @@ class HFEngine:
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()  # [B, V]
 
-    def _prefill(self, batch: BatchKV, rows: list[_Request], admitted: list[_Request]) -> None:
+    def _prefill(self, batch: BatchKV, rows: list[Request], admitted: list[Request]) -> None:
         t0 = time.perf_counter()
         key = self._weights_key() if self.prefix_cache else None
         for r in admitted:
@@ -329,7 +286,7 @@ class HFEngine:
         rows.extend(fresh + continued)
         self.stats.prefill_s += time.perf_counter() - t0
 
-    def _prefill_fresh(self, batch: BatchKV, reqs: list[_Request]) -> None:
+    def _prefill_fresh(self, batch: BatchKV, reqs: list[Request]) -> None:
         prompts = [r.prompt_ids for r in reqs]
         index = None
         if self.prefix_cache:  # a group's samples arrive together with one prompt: run it once
@@ -353,7 +310,7 @@ class HFEngine:
         self._sample(reqs, logits)
         batch.merge(cache, mask, positions[:, -1] + 1)
 
-    def _prefill_continued(self, batch: BatchKV, reqs: list[_Request]) -> None:
+    def _prefill_continued(self, batch: BatchKV, reqs: list[Request]) -> None:
         suffixes = [r.prompt_ids[len(r.past.tokens):] for r in reqs]
         input_ids, mask, positions, cache = batch.prefill_inputs(suffixes, [r.past.layers for r in reqs],
                                                                  self.device)
@@ -366,7 +323,7 @@ class HFEngine:
         self._sample(reqs, logits)
         batch.merge(cache, mask, positions[:, -1] + 1)
 
-    def _decode_step(self, batch: BatchKV, rows: list[_Request | None]) -> None:
+    def _decode_step(self, batch: BatchKV, rows: list[Request | None]) -> None:
         # finished rows still in the batch feed padding at a frozen position; their logits are dropped
         t0 = time.perf_counter()
         last = torch.tensor([[r.out_ids[-1] if r is not None else self.pad_token_id] for r in rows],
@@ -386,32 +343,16 @@ class HFEngine:
         self._sample([rows[i] for i in live], logits)
         self.stats.decode_s += time.perf_counter() - t0
 
-    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         tokens, logprobs = self._sampler(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         for r, tok, lp in zip(reqs, tokens, logprobs):
             r.out_ids.append(tok)
             r.out_logprobs.append(lp)
             r.out_versions.append(self.policy_version)
             self.stats.generated_tokens += 1
-            r.finish = self._finish_reason(r, tok)
+            r.finish = finish_reason(r, tok, self.max_context, self.tokenizer)
 
-    def _finish_reason(self, r: _Request, tok: int) -> str | None:
-        if tok in r.stop_ids:
-            return "stop"
-        if r.sampling.stop_strings and self._hit_stop_string(r):
-            return "stop"
-        if len(r.out_ids) >= r.sampling.max_new_tokens or len(r.prompt_ids) + len(r.out_ids) >= self.max_context:
-            return "length"
-        return None
-
-    def _hit_stop_string(self, r: _Request) -> bool:
-        # Decode only a window of recent tokens: a stop string that was not in the previous window must end in the
-        # newest token. (+4 tokens covers multi-byte characters split across tokens.)
-        longest = max(len(s) for s in r.sampling.stop_strings)
-        window = self.tokenizer.decode(r.out_ids[-(longest + 4):], skip_special_tokens=False)
-        return any(s in window for s in r.sampling.stop_strings)
-
-    def _evict(self, batch: BatchKV, rows: list[_Request | None]) -> list[_Request | None]:
+    def _evict(self, batch: BatchKV, rows: list[Request | None]) -> list[Request | None]:
         """Resolve finished rows (they stay in the batch as None) and compact the batch once enough have finished:
         a finished row costs a row of each decode step, a compaction a copy of the whole KV cache."""
         key: int | None = None  # the weights now loaded, summed once a row has finished
@@ -425,7 +366,7 @@ class HFEngine:
                     key = self._weights_key() if key is None else key
                     if r.kv_key == key:  # every cached token (all but the last sampled one) is of these weights
                         self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
-                self._resolve(r)
+                resolve(r)
                 rows[i] = None
         dead = sum(r is None for r in rows)
         if dead and (dead == len(rows) or dead >= max(COMPACT_MIN_ROWS, (len(rows) - dead) // 4)):
@@ -433,30 +374,8 @@ class HFEngine:
         return rows
 
     @staticmethod
-    def _compact(batch: BatchKV, rows: list[_Request | None]) -> list[_Request | None]:
+    def _compact(batch: BatchKV, rows: list[Request | None]) -> list[Request | None]:
         keep = [i for i, r in enumerate(rows) if r is not None]
         if len(keep) != len(rows):
             batch.select(keep)
         return [rows[i] for i in keep]
-
-    def _resolve(self, r: _Request, error: BaseException | None = None) -> None:
-        def deliver() -> None:
-            if r.future.done():
-                return
-            if error is not None and r.cancelled:  # its caller is gone: an exception nobody reads only warns
-                r.future.cancel()
-            elif error is not None:
-                r.future.set_exception(error)
-            else:
-                r.future.set_result(GenerationOutput(
-                    token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop",
-                    versions=r.out_versions))
-        try:
-            r.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:  # the caller's event loop is gone; nobody is waiting
-            pass
-
-
-def _new_tokens(r: _Request) -> int:
-    """Tokens a request's prefill runs: the whole prompt, or what follows its parked prefix."""
-    return len(r.prompt_ids) - (len(r.past.tokens) if r.past is not None else 0)
