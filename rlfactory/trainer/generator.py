@@ -15,7 +15,9 @@ start order are then trained at most k versions after they started; a straggler 
 be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
 the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a
 trajectory in flight continues under them (a partial rollout): every policy token carries the version that
-sampled it.
+sampled it. Trajectories run in as many slots as one step has (prompts_per_step x samples_per_prompt, at most
+`rollout.max_concurrent_trajectories`), handed out lowest group first (`OrderedSlots`): the groups the trainer
+needs next run at full speed, and the next step's take the slots their finished trajectories leave.
 
 Start-up (generator_launch.py, the trainer's side): `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
 imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.trainer.ordered_slots import OrderedSlots
 
 if TYPE_CHECKING:  # the parent imports this module before torch: keep it light
     from rlfactory.recipe.schema import Recipe
@@ -236,7 +239,7 @@ class Generator:
         from rlfactory.rollout.horizon import horizon_for_step
 
         r = self.r
-        gate = asyncio.Semaphore(r.rollout.max_concurrent_trajectories)
+        gate = OrderedSlots(min(r.rollout.max_concurrent_trajectories, self.P * r.rollout.samples_per_prompt))
         inflight = self.inflight
         gids: dict[int, str] = {}
         skip = set(setup.skip)
@@ -285,7 +288,7 @@ class Generator:
                 self.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
                                                           self.stats(engine))))
 
-    async def _group(self, side: Any, gate: asyncio.Semaphore, index: int, gid: str, task: dict[str, Any],
+    async def _group(self, side: Any, gate: OrderedSlots, index: int, gid: str, task: dict[str, Any],
                      horizon: int, seed: int, version: int) -> None:
         from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
 
@@ -293,7 +296,7 @@ class Generator:
         loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest), tools, side.chat, self.r.rollout)
 
         async def one(k: int) -> Any:
-            async with gate:
+            async with gate.hold((index, k)):
                 return await loop.run_one(task, sample_index=k, group_id=gid, horizon=horizon, seed=mix_seed(seed, k))
 
         n = self.r.rollout.samples_per_prompt
