@@ -15,20 +15,20 @@ start order are then trained at most k versions after they started; a straggler 
 be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
 the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a
 trajectory in flight continues under them (a partial rollout): every policy token carries the version that
-sampled it. Trajectories run in as many slots as one step has (prompts_per_step x samples_per_prompt, at most
-`rollout.max_concurrent_trajectories`), handed out lowest group first (`OrderedSlots`): the groups the trainer
-needs next run at full speed, and the next step's take the slots their finished trajectories leave.
+sampled it. At most one step's worth of turns (prompts_per_step x samples_per_prompt) generate at once, let in
+lowest group first (`OrderedSlots`; a trajectory waiting for a tool holds no slot): the groups the trainer needs
+next run at the engine's full speed, and the next step's fill the rows theirs leave.
 
-Start-up (generator_launch.py, the trainer's side): `GeneratorLaunch.start(recipe)` spawns the process right after the recipe is validated, before the trainer
-imports torch or loads its model, so both start up in parallel (python, torch and transformers take ~4 s each
-here). The generator loads its model and then waits for `setup` (the shared weights and the data position, once
-the trainer has prepared the run folder and restored any checkpoint) before it starts its tool servers. With
-`trainer.split_cores` the generator's decoding thread runs on the second half of the CPUs and the trainer on the
-first: on 2 cores that kept the update at its synchronous speed (0.96 s, against 1.03-1.13 s when the two
-processes' threads shared both cores). The generator's event loop (the agent loop, tokenising, the results queue)
-and its tool servers are not pinned: they take ~12 % of a core, and on the decoding thread's core they took turns
-with it. Pinning only that thread took the quickstart's asynchronous runs from 28.7 and 25.1 s to 25.5 and 23.1 s
-(seeds 0 and 1, one run each, bench/async_train.py).
+Start-up (generator_launch.py, the trainer's side): `GeneratorLaunch.start(recipe)` spawns the process right after
+the recipe is validated, before the trainer imports torch or loads its model, so both start up in parallel (python,
+torch and transformers take ~4 s each here). The generator loads its model and then waits for `setup` (the shared
+weights and the data position, once the trainer has prepared the run folder and restored any checkpoint) before it
+starts its tool servers. With `trainer.split_cores` the generator's decoding thread runs on the second half of the
+CPUs and the trainer on the first: on 2 cores that kept the update at its synchronous speed (0.96 s, against
+1.03-1.13 s when the two processes' threads shared both cores). The generator's event loop (the agent loop,
+tokenising, the results queue) and its tool servers are not pinned: they take ~12 % of a core, and on the decoding
+thread's core they took turns with it. Pinning only that thread took the quickstart's asynchronous runs from 28.7
+and 25.1 s to 25.5 and 23.1 s (seeds 0 and 1, one run each, bench/async_train.py).
 
 Group i's prompt is the i-th draw of the run's seeded task order (`TaskSampler.at`), so a resumed run restarts
 from the first group not yet trained, skipping those trained after it; groups in flight at a kill are lost and
@@ -169,6 +169,8 @@ class Generator:
         self.inflight: dict[int, asyncio.Task] = {}  # group index -> its task, while it runs
         self.tools: Any = None
         self._closing = asyncio.Event()
+        self.turn_slots = OrderedSlots(self.P * self.r.rollout.samples_per_prompt)
+        """One step's worth of turns generate at once, lowest group first (see the module's docstring)."""
 
     def stats(self, engine: Any) -> dict[str, float]:
         """Cumulative: wall_s since start, engine busy_s, gated_s (the bound held new groups back), weight loads and
@@ -239,7 +241,7 @@ class Generator:
         from rlfactory.rollout.horizon import horizon_for_step
 
         r = self.r
-        gate = OrderedSlots(min(r.rollout.max_concurrent_trajectories, self.P * r.rollout.samples_per_prompt))
+        gate = asyncio.Semaphore(r.rollout.max_concurrent_trajectories)
         inflight = self.inflight
         gids: dict[int, str] = {}
         skip = set(setup.skip)
@@ -288,15 +290,16 @@ class Generator:
                 self.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
                                                           self.stats(engine))))
 
-    async def _group(self, side: Any, gate: OrderedSlots, index: int, gid: str, task: dict[str, Any],
+    async def _group(self, side: Any, gate: asyncio.Semaphore, index: int, gid: str, task: dict[str, Any],
                      horizon: int, seed: int, version: int) -> None:
         from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
 
         tools = None if side.tools is None else _GroupTools(side.tools)
-        loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest), tools, side.chat, self.r.rollout)
+        loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest, self.turn_slots, index), tools, side.chat,
+                         self.r.rollout)
 
         async def one(k: int) -> Any:
-            async with gate.hold((index, k)):
+            async with gate:
                 return await loop.run_one(task, sample_index=k, group_id=gid, horizon=horizon, seed=mix_seed(seed, k))
 
         n = self.r.rollout.samples_per_prompt
@@ -336,17 +339,21 @@ class _GroupTools:
 
 
 class _VersionWatch:
-    """The engine as the AgentLoop sees it, noting the oldest version served to each group (for `drop`)."""
+    """The engine as one group's AgentLoop sees it: each turn generates in a slot of `slots` (group `index`'s
+    priority), and the oldest version served to the group is noted (for `drop`)."""
 
-    def __init__(self, engine: Any, oldest: dict[str, int]):
+    def __init__(self, engine: Any, oldest: dict[str, int], slots: OrderedSlots, index: int):
         self.engine = engine
         self.oldest = oldest
+        self.slots = slots
+        self.index = index
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
     async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str | None = None) -> Any:
-        out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+        async with self.slots.hold(self.index):
+            out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
         if out.versions and request_id:
             gid = request_id.rsplit("/", 1)[0]
             low = min(out.versions)

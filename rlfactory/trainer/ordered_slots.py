@@ -1,10 +1,10 @@
 """`OrderedSlots`: at most n holders at once, and whoever waits is let in lowest key first.
 
-The generator of an asynchronous run holds one slot per trajectory in flight, keyed by (group number, sample). With
-as many slots as one step's trajectories, the groups the trainer needs next run at the engine's full speed and the
-next step's fill the slots their finished trajectories leave. Without an order, every group started runs at once:
-on a CPU a decode step's cost grows with its rows, so all of them finish together and late, and the trainer waits
-for the whole lot (seen on TextCraft at 8 turns: ~17 s a step against ~10 s synchronous, a third of the
+The generator of an asynchronous run holds one slot for each turn it generates, keyed by group number. With as many
+slots as one step's trajectories, the groups the trainer needs next run at the engine's full speed and the next
+step's fill the rows theirs leave; a trajectory waiting for a tool holds none. Without an order every group started
+runs at once: on a CPU a decode step's cost grows with its rows, so all of them finish together and late, and the
+trainer waits for the whole lot (TextCraft at 8 turns: 18.7 s a step against 10.2 s synchronous, and 13 % of the
 trajectories dropped as too stale).
 """
 from __future__ import annotations

