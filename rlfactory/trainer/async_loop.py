@@ -39,6 +39,7 @@ from rlfactory.errors import RLFactoryError
 from rlfactory.report.metrics import MetricsLog
 from rlfactory.reward import combine_reward_metrics
 from rlfactory.rollout.agent_loop import rollout_metrics
+from rlfactory.rollout.engines.protocol import ENGINE_COUNTERS
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.trainer.generator_launch import GeneratorLaunch, Setup, drain
@@ -254,6 +255,7 @@ class AsyncTrainer(LocalTrainer):
             "async/trainer_idle_s": timer.seconds.get("wait", 0.0),
             "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s")),
             "async/generator_gated_s": delta("gated_s"),
+            **{f"async/{k}": delta(k) for k in ENGINE_COUNTERS.values()},
         }
 
 

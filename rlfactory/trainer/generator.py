@@ -175,8 +175,9 @@ class Generator:
     def stats(self, engine: Any) -> dict[str, float]:
         """Cumulative: wall_s since start, engine busy_s, gated_s (the bound held new groups back), weight loads and
         their seconds, groups started and dropped here."""
-        es = engine.stats
-        return {"wall_s": time.perf_counter() - self.t0, "engine_busy_s": es.busy_s, "gated_s": self.gated_s,
+        from rlfactory.rollout.engines.protocol import engine_counters
+
+        return {"wall_s": time.perf_counter() - self.t0, **engine_counters(engine), "gated_s": self.gated_s,
                 "weight_loads": float(engine.weight_loads), "weight_load_s": engine.weight_load_s,
                 "started": float(self.started), "dropped": float(self.dropped),
                 "tool_restarts": float(self.tools.counters()["restarts"]) if self.tools is not None else 0.0}

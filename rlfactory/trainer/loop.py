@@ -41,7 +41,7 @@ from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.reward import pass_at_k
 from rlfactory.rollout.agent_loop import mix_seed
-from rlfactory.rollout.engines.protocol import SamplingParams
+from rlfactory.rollout.engines.protocol import SamplingParams, engine_counters
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
 from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlfactory.trainer.progress import StepProgress
@@ -70,11 +70,6 @@ class StageTimer:
 
     def metrics(self) -> dict[str, float]:
         return {f"perf/{k}_s": v for k, v in self.seconds.items()}
-
-
-def _engine_busy_s(engine: Any) -> float:
-    stats = getattr(engine, "stats", None)
-    return float(getattr(stats, "busy_s", 0.0))
 
 
 def _step_seed(seed: int, step: int, salt: int) -> int:
@@ -196,7 +191,7 @@ class LocalTrainer(GRPOUpdate):
                         with timer("sample"):
                             tasks = [self.tasks[i] for i in self.sampler.next(t.prompts_per_step)]
                             horizon = horizon_for_step(r.rollout.horizon, step_idx)
-                        busy0 = _engine_busy_s(side.engine)
+                        engine0 = engine_counters(side.engine)
                         side.engine.policy_version = self.step  # stamps the tokens: this step's weights
                         with timer("rollout"):
                             trajs, roll_m = await side.loop.run_batch(
@@ -216,7 +211,7 @@ class LocalTrainer(GRPOUpdate):
                     gen_tokens = sum(sum(x.loss_mask) for x in trajs)
                     row["perf/tokens_per_s"] = gen_tokens / max(timer.seconds["step"], 1e-9)
                     # Engine compute inside the rollout stage (the rest of it is waiting on tools).
-                    row["perf/engine_busy_s"] = _engine_busy_s(side.engine) - busy0
+                    row.update({f"perf/{k}": v - engine0[k] for k, v in engine_counters(side.engine).items()})
                     self._save_transcripts(trajs, step_idx)
                     if t.eval_every_steps and (self.step % t.eval_every_steps == 0 or self.step == t.total_steps):
                         with timer("eval"):

@@ -41,7 +41,7 @@ from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.precision import autocast
 from rlfactory.rollout.engines.hf_kv import BatchKV
 from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
-from rlfactory.rollout.engines.hf_request import EngineStats, Request, finish_reason, new_tokens, resolve
+from rlfactory.rollout.engines.hf_request import EngineStats, Request, finish_reason, new_tokens, resolve_many
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 
@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 
 COMPACT_MIN_ROWS = 4
 """Finished rows stay in the running batch until at least this many (and a quarter of the live ones) have gathered:
-then one copy of the KV cache removes them all (measured on CPU: a dead row costs ~0.1 ms a decode step for the
-quickstart's model, a compaction of 64 rows ~3-5 ms)."""
+then one compaction removes them all (measured on CPU for the quickstart's model: a dead row costs ~0.1 ms a decode
+step; a compaction moves one row per finished row, two indexed copies per layer)."""
 
 
 class HFEngine:
@@ -223,13 +223,11 @@ class HFEngine:
             except Exception as e:  # a failed step fails its requests, not the engine
                 live = [r for r in rows if r is not None]
                 logger.exception("HF engine step failed; failing %d requests", len(live) + len(admitted))
-                for r in {id(r): r for r in live + admitted}.values():
-                    resolve(r, error=e)
+                resolve_many(list({id(r): r for r in live + admitted}.values()), error=e)
                 rows, batch = [], BatchKV(self.pad_token_id)
             finally:
                 self.stats.busy_s += time.perf_counter() - started
-        for r in [r for r in rows if r is not None] + list(self._pending):
-            resolve(r, error=RuntimeError("HFEngine closed"))
+        resolve_many([r for r in rows if r is not None] + list(self._pending), error=RuntimeError("HFEngine closed"))
         self._pending.clear()
 
     def _step(self, batch: BatchKV, rows: list[Request | None], admitted: list[Request]) -> list[Request | None]:
@@ -239,12 +237,12 @@ class HFEngine:
             if self.weight_source is not None:
                 self._poll_weights()
             if admitted:
-                rows = self._compact(batch, rows)  # the merge copies the batch anyway: leave finished rows behind
+                rows = self._compact(batch, rows)  # new rows go after the live ones
                 self._prefill(batch, rows, admitted)
                 rows = self._evict(batch, rows)  # some stop on their first token
             if any(r is not None for r in rows):
                 self._decode_step(batch, rows)
-        return self._evict(batch, rows)
+            return self._evict(batch, rows)  # compaction writes the cache's (inference) tensors in place
 
     def _take_pending(self, active: int) -> list[Request]:
         taken: list[Request] = []
@@ -301,14 +299,14 @@ class HFEngine:
         logits = self._forward(input_ids, mask, positions, cache)
         self.stats.prefill_batches += 1
         self.stats.prefill_tokens += sum(len(p) for p in prompts)
+        idx = None
         if index is not None:
             idx = torch.tensor(index, dtype=torch.long, device=self.device)
             logits, mask = logits.index_select(0, idx), mask.index_select(0, idx)
             positions = positions.index_select(0, idx)
-            cache = BatchKV.expand(cache, idx)
             self.stats.prefix_cached_tokens += sum(len(r.prompt_ids) for r in reqs) - sum(len(p) for p in prompts)
         self._sample(reqs, logits)
-        batch.merge(cache, mask, positions[:, -1] + 1)
+        batch.merge(cache, mask, positions[:, -1] + 1, index=idx)
 
     def _prefill_continued(self, batch: BatchKV, reqs: list[Request]) -> None:
         suffixes = [r.prompt_ids[len(r.past.tokens):] for r in reqs]
@@ -354,8 +352,9 @@ class HFEngine:
 
     def _evict(self, batch: BatchKV, rows: list[Request | None]) -> list[Request | None]:
         """Resolve finished rows (they stay in the batch as None) and compact the batch once enough have finished:
-        a finished row costs a row of each decode step, a compaction a copy of the whole KV cache."""
+        a finished row costs a row of each decode step, a compaction a pass over every layer's buffers."""
         key: int | None = None  # the weights now loaded, summed once a row has finished
+        finished: list[Request] = []
         for i, r in enumerate(rows):
             if r is None:
                 continue
@@ -366,8 +365,10 @@ class HFEngine:
                     key = self._weights_key() if key is None else key
                     if r.kv_key == key:  # every cached token (all but the last sampled one) is of these weights
                         self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
-                resolve(r)
+                finished.append(r)
                 rows[i] = None
+        if finished:
+            resolve_many(finished)
         dead = sum(r is None for r in rows)
         if dead and (dead == len(rows) or dead >= max(COMPACT_MIN_ROWS, (len(rows) - dead) // 4)):
             rows = self._compact(batch, rows)
@@ -375,7 +376,8 @@ class HFEngine:
 
     @staticmethod
     def _compact(batch: BatchKV, rows: list[Request | None]) -> list[Request | None]:
+        """Drop finished rows from the batch (the last live rows take their places: the order changes)."""
         keep = [i for i, r in enumerate(rows) if r is not None]
-        if len(keep) != len(rows):
-            batch.select(keep)
-        return [rows[i] for i in keep]
+        if len(keep) == len(rows):
+            return rows
+        return [rows[i] for i in batch.compact(keep)]

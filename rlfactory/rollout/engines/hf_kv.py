@@ -9,12 +9,17 @@ A row may also start from keys/values computed earlier (a parked conversation, `
 lays such rows out as [past block | new tokens], each right-aligned in its block, so the mask has a gap between
 the two; positions stay per row, so the gap changes nothing. `row_kv` copies a leaving row's real columns out.
 
-Each layer's keys/values are a window `[start, end)` of buffers with spare columns (`GrowingLayer`): a decode step
-writes its column in place, and a buffer is replaced by one half again larger (in `GROW_COLUMNS` chunks) only when
-full. transformers' `DynamicLayer` instead concatenates a new, one-column-longer tensor every step, a fresh
-allocation and a full copy per layer per step. Measured (`bench/hf_decode.py`, 64 rows): 1.10x the tokens/s on CPU,
-1.02x on an H200, where other per-step costs dominate. Left out: paged/block memory management; this is for small
-batches on CPU or one GPU.
+Each layer's keys/values are the first `rows` rows and the column window `[start, end)` of buffers with spare rows
+and columns (`GrowingLayer`): a decode step writes its column in place, and a buffer is replaced by one half again
+larger (in `GROW_COLUMNS` chunks) only when full. transformers' `DynamicLayer` instead concatenates a new,
+one-column-longer tensor every step, a fresh allocation and a full copy per layer per step. Measured
+(`bench/hf_decode.py`, 64 rows): 1.10x the tokens/s on CPU, 1.02x on an H200, where other per-step costs dominate.
+Joining and leaving rows work in place too. `merge` writes the new rows into spare rows (and, when they are longer
+than the window, zeroes the columns the window grows into on the left, kept free by `LEFT_MARGIN`), and `compact`
+moves the last live rows into the rows that finished, so it copies at most one row per finished row. Before, both
+copied the whole cache: with continuous batching (an asynchronous run admits a few rows at a time) that was ~10 % of
+the engine's time on the quickstart. `compact` therefore changes the order of rows; it returns the new order.
+Left out: paged/block memory management; this is for small batches on CPU or one GPU.
 """
 from __future__ import annotations
 
@@ -30,35 +35,55 @@ GROW_COLUMNS = 128
 GROWTH = 0.5
 """A full buffer is replaced by one this much larger (bench/hf_decode.py sets 1 column and 0 growth to measure the
 one-new-tensor-per-step baseline)."""
+GROW_ROWS = 8
+"""The running batch's buffers hold rows in multiples of this many."""
+LEFT_MARGIN = 64
+"""Free columns left of the window in the running batch's new buffers, so that a row longer than the window merges
+in place (the window grows left)."""
 
 
-def _capacity(needed: int, current: int) -> int:
-    """Columns for a buffer that must hold `needed`: `GROWTH` more than now, rounded up to `GROW_COLUMNS`."""
+def _capacity(needed: int, current: int, chunk: int = GROW_COLUMNS) -> int:
+    """Room for `needed` columns (or rows): `GROWTH` more than now, rounded up to whole `chunk`s."""
     want = max(needed, current + int(current * GROWTH))
-    return -(-want // GROW_COLUMNS) * GROW_COLUMNS
+    return -(-want // chunk) * chunk
 
 
 class GrowingLayer(DynamicLayer):
-    """One layer's keys/values as the window `[start, end)` of [B, H_kv, capacity, D] buffers (for `BatchKV` only:
-    transformers' crop/reorder helpers are not supported). `keys`/`values` are views of the window."""
+    """One layer's keys/values as rows `[0, rows)` and columns `[start, end)` of [R, H_kv, capacity, D] buffers (for
+    `BatchKV` only: transformers' crop/reorder helpers are not supported). `keys`/`values` are views of the window.
+    `margin`: free columns kept left of the window when the buffers are replaced."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         CacheLayerMixin.__init__(self)
         self.k_buf: torch.Tensor | None = None
         self.v_buf: torch.Tensor | None = None
-        self.start = self.end = 0
+        self.start = self.end = self.rows = self.margin = 0
 
     @classmethod
-    def holding(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, end: int) -> "GrowingLayer":
+    def holding(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, end: int, rows: int | None = None,
+                margin: int = 0) -> "GrowingLayer":
         layer = cls()
         layer.lazy_initialization(k_buf, v_buf)
         layer.k_buf, layer.v_buf, layer.start, layer.end = k_buf, v_buf, start, end
+        layer.rows = int(k_buf.shape[0]) if rows is None else rows
+        layer.margin = margin
         layer._publish()
+        return layer
+
+    @classmethod
+    def holding_nothing(cls, margin: int) -> GrowingLayer:
+        """A layer with no buffers yet (the running batch's, before its first rows)."""
+        layer = cls()
+        layer.margin = margin
         return layer
 
     @property
     def capacity(self) -> int:
         return 0 if self.k_buf is None else int(self.k_buf.shape[-2])
+
+    @property
+    def row_capacity(self) -> int:
+        return 0 if self.k_buf is None else int(self.k_buf.shape[0])
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -66,31 +91,47 @@ class GrowingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append `n` columns ([B, H_kv, n, D]) in place; return the whole window."""
+        """Append `n` columns ([rows, H_kv, n, D]) in place; return the whole window."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.k_buf is None:
+            self.rows = int(key_states.shape[0])
         n = key_states.shape[-2]
         if self.end + n > self.capacity:
-            self._grow(key_states, value_states, self.end - self.start + n)
-        self.k_buf[:, :, self.end:self.end + n].copy_(key_states)
-        self.v_buf[:, :, self.end:self.end + n].copy_(value_states)
+            self.regrow(self.end - self.start + n, self.rows, template=key_states)
+        self.k_buf[:self.rows, :, self.end:self.end + n].copy_(key_states)
+        self.v_buf[:self.rows, :, self.end:self.end + n].copy_(value_states)
         self.end += n
         self._publish()
         return self.keys, self.values
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        cap = _capacity(needed, self.capacity)
-        k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
-        v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
+    def regrow(self, columns: int, rows: int, template: torch.Tensor | None = None, left: int | None = None) -> None:
+        """Replace the buffers by ones holding `rows` rows and `columns` columns from column `left` (default `margin`),
+        each half again more than now where that is not enough; the window moves to start at `left`. Only the window
+        is copied: every other column is written (or zeroed, `BatchKV.merge`) before it joins the window, so the
+        new buffers need no zeroing."""
+        like = self.k_buf if self.k_buf is not None else template
+        left = self.margin if left is None else left
+        right = max(0, self.capacity - self.start)  # what the window may use now, from its start
+        cap = left + (right if columns <= right else _capacity(columns, right))
+        row_cap = self.row_capacity
+        if rows > row_cap:
+            row_cap = rows if self.margin == 0 else _capacity(rows, row_cap, GROW_ROWS)
+        k = like.new_empty((row_cap, like.shape[1], cap, like.shape[-1]))
+        v = torch.empty_like(k)
         used = self.end - self.start
-        if used:
-            k[:, :, :used].copy_(self.k_buf[:, :, self.start:self.end])
-            v[:, :, :used].copy_(self.v_buf[:, :, self.start:self.end])
-        self.k_buf, self.v_buf, self.start, self.end = k, v, 0, used
+        if used and self.k_buf is not None:
+            k[:self.rows, :, left:left + used].copy_(self.keys)
+            v[:self.rows, :, left:left + used].copy_(self.values)
+        self.k_buf, self.v_buf, self.start, self.end = k, v, left, left + used
 
     def _publish(self) -> None:
-        self.keys = self.k_buf[:, :, self.start:self.end]  # [B, H_kv, T, D]
-        self.values = self.v_buf[:, :, self.start:self.end]
+        self.keys = self.k_buf[:self.rows, :, self.start:self.end]  # [rows, H_kv, T, D]
+        self.values = self.v_buf[:self.rows, :, self.start:self.end]
+
+
+def _rows(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    return t if index is None else t.index_select(0, index)
 
 
 def _new_cache(layers: list[GrowingLayer] | None = None) -> Any:
@@ -156,37 +197,51 @@ class BatchKV:
             layers.append(GrowingLayer.holding(k_buf, v_buf, 0, width_l))
         return ids.to(device), mask.to(device), positions.to(device), _new_cache(layers)
 
-    @staticmethod
-    def expand(cache: Any, index: torch.Tensor) -> Any:
-        """A prefill cache whose row i is row `index[i]` of `cache` (rows that share a prompt)."""
-        return _new_cache([GrowingLayer.holding(layer.k_buf.index_select(0, index),
-                                                layer.v_buf.index_select(0, index), layer.start, layer.end)
-                           for layer in cache.layers])
-
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row `row`'s cached keys/values, per layer ([H_kv, L, D] copies of its real columns, in order)."""
         cols = self.mask[row].nonzero().squeeze(-1)
         return [(layer.keys[row].index_select(1, cols), layer.values[row].index_select(1, cols))
                 for layer in self.cache.layers]
 
-    def merge(self, cache: Any, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
-        """Add freshly prefilled rows (their cache, mask [n, P], next positions [n]) to the batch."""
+    def merge(self, cache: Any, mask: torch.Tensor, next_pos: torch.Tensor, index: torch.Tensor | None = None
+              ) -> None:
+        """Add freshly prefilled rows (their cache, mask [n, P], next positions [n]) to the batch: written into the
+        buffers' spare rows, right-aligned with the window (into an empty batch, at `LEFT_MARGIN`); the buffers are
+        replaced only when the rows, or the columns the window needs on the left or for the next step, do not fit.
+        Columns that join the window are zeroed (padding must never be uninitialised memory: NaN times a zero
+        attention weight is NaN). `index` [n]: new row i is row `index[i]` of `cache` (rows that shared a prompt's
+        prefill); None = the cache's rows in order."""
         if self.cache is None:
-            self.cache, self.mask, self.next_pos = cache, mask, next_pos
+            self.cache = _new_cache([GrowingLayer.holding_nothing(LEFT_MARGIN) for _ in cache.layers])
+        n, new_t = int(mask.shape[0]), int(mask.shape[1])
+        if self.rows == 0:
+            for old, new in zip(self.cache.layers, cache.layers):
+                if old.k_buf is None or n > old.row_capacity or old.margin + new_t + 1 > old.capacity:
+                    old.lazy_initialization(new.keys, new.values)
+                    old.start = old.end = 0
+                    old.regrow(new_t + 1, n, template=new.keys)
+                old.start, old.end, old.rows = old.margin, old.margin + new_t, n
+                old.k_buf[:n, :, old.start:old.end].copy_(_rows(new.keys, index))
+                old.v_buf[:n, :, old.start:old.end].copy_(_rows(new.values, index))
+                old._publish()
+            self.mask, self.next_pos = mask, next_pos
             return
-        old_t, new_t = self.mask.shape[1], mask.shape[1]
+        old_t = self.mask.shape[1]
         width = max(old_t, new_t)
-        merged = []
+        b = self.rows
         for old, new in zip(self.cache.layers, cache.layers):
-            cap = max(old.capacity, _capacity(width + 1, 0))  # room for the next step
-            bufs = []
-            for a, b in ((old.keys, new.keys), (old.values, new.values)):
-                buf = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], cap, a.shape[-1]))  # zero padding columns
-                buf[:a.shape[0], :, width - old_t:width].copy_(a)
-                buf[a.shape[0]:, :, width - new_t:width].copy_(b)
-                bufs.append(buf)
-            merged.append(GrowingLayer.holding(bufs[0], bufs[1], 0, width))
-        self.cache = _new_cache(merged)
+            grow_left = width - old_t
+            if b + n > old.row_capacity or grow_left > old.start or old.end + 1 > old.capacity:
+                old.regrow(old_t + 1, b + n, left=max(old.margin, grow_left))
+            if grow_left:
+                old.start -= grow_left
+                old.k_buf[:b, :, old.start:old.start + grow_left].zero_()
+                old.v_buf[:b, :, old.start:old.start + grow_left].zero_()
+            for buf, part in ((old.k_buf, new.keys), (old.v_buf, new.values)):
+                buf[b:b + n, :, old.start:old.end - new_t].zero_()
+                buf[b:b + n, :, old.end - new_t:old.end].copy_(_rows(part, index))
+            old.rows = b + n
+            old._publish()
         self.mask = torch.cat([F.pad(self.mask, (width - old_t, 0)), F.pad(mask, (width - new_t, 0))], dim=0)
         self.next_pos = torch.cat([self.next_pos, next_pos])
 
@@ -202,20 +257,36 @@ class BatchKV:
         self.mask, self._step_mask = self._step_mask, None
         self.next_pos = self.next_pos + (1 if alive is None else alive)
 
-    def select(self, keep: list[int]) -> None:
-        """Keep only rows `keep` (in order); trim columns that are padding in every remaining row."""
-        if not keep:
-            self.cache = self.mask = self.next_pos = None
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+    def compact(self, keep: list[int]) -> list[int]:
+        """Keep only rows `keep` (ascending); returns the rows' new order (old indices). The last live rows move into
+        the rows that finished (one row copy each); columns that are padding in every remaining row are trimmed."""
+        if not keep:  # the buffers stay for the next rows
+            self.mask, self.next_pos = self.mask[:0, :0], self.next_pos[:0]
+            for layer in self.cache.layers:
+                layer.rows, layer.start = 0, layer.end
+                layer._publish()
+            return []
+        n = len(keep)
+        kept = set(keep)
+        holes = [i for i in range(n) if i not in kept]
+        movers = [i for i in keep if i >= n]
+        order = list(range(n))
+        for h, m in zip(holes, movers):
+            order[h] = m
+        if holes:
+            dst = torch.tensor(holes, dtype=torch.long, device=self.mask.device)
+            src = torch.tensor(movers, dtype=torch.long, device=self.mask.device)
+            for layer in self.cache.layers:
+                for buf in (layer.k_buf, layer.v_buf):
+                    window = buf[:, :, layer.start:layer.end]
+                    window[dst] = window[src]
+        index = torch.tensor(order, dtype=torch.long, device=self.mask.device)
         self.mask = self.mask.index_select(0, index)
         self.next_pos = self.next_pos.index_select(0, index)
         real_cols = self.mask.any(0).nonzero()
         trim = int(real_cols[0]) if len(real_cols) else 0
         self.mask = self.mask[:, trim:]
-        # The buffers keep their spare columns, so the next decode step still writes in place.
-        self.cache = _new_cache([
-            GrowingLayer.holding(layer.k_buf.index_select(0, index), layer.v_buf.index_select(0, index),
-                                 layer.start + trim, layer.end)
-            for layer in self.cache.layers
-        ])
+        for layer in self.cache.layers:
+            layer.rows, layer.start = n, layer.start + trim
+            layer._publish()
+        return order

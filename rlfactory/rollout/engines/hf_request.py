@@ -76,23 +76,33 @@ def _hit_stop_string(r: Request, tokenizer: Any) -> bool:
     return any(s in window for s in r.sampling.stop_strings)
 
 
-def resolve(r: Request, error: BaseException | None = None) -> None:
-    """Hand `r`'s output (or `error`) to the event loop that awaits it; from the worker thread."""
-    def deliver() -> None:
-        if r.future.done():
-            return
-        if error is not None and r.cancelled:  # its caller is gone: an exception nobody reads only warns
-            r.future.cancel()
-        elif error is not None:
-            r.future.set_exception(error)
-        else:
-            r.future.set_result(GenerationOutput(
-                token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop",
-                versions=r.out_versions))
-    try:
-        r.loop.call_soon_threadsafe(deliver)
-    except RuntimeError:  # the caller's event loop is gone; nobody is waiting
-        pass
+def _deliver(r: Request, error: BaseException | None) -> None:
+    """Set `r`'s future (on its event loop)."""
+    if r.future.done():
+        return
+    if error is not None and r.cancelled:  # its caller is gone: an exception nobody reads only warns
+        r.future.cancel()
+    elif error is not None:
+        r.future.set_exception(error)
+    else:
+        r.future.set_result(GenerationOutput(
+            token_ids=r.out_ids, logprobs=r.out_logprobs, finish_reason=r.finish or "stop", versions=r.out_versions))
+
+
+def resolve_many(reqs: list[Request], error: BaseException | None = None) -> None:
+    """Hand each request's output (or `error`) to the event loop that awaits it, from the worker thread: one wake-up
+    per event loop (a wake-up is a write to the loop's self-pipe), not one per request."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[Request]]] = {}
+    for r in reqs:
+        by_loop.setdefault(id(r.loop), (r.loop, []))[1].append(r)
+    for loop, group in by_loop.values():
+        def deliver(group: list[Request] = group) -> None:
+            for r in group:
+                _deliver(r, error)
+        try:
+            loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the caller's event loop is gone; nobody is waiting
+            pass
 
 
 def new_tokens(r: Request) -> int:

@@ -1,12 +1,13 @@
-"""BatchKV / GrowingLayer: decode steps write into spare columns in place, and merges, steps and evictions keep every
-row's keys/values equal to plain concatenation (padding columns zero, aligned with the attention mask)."""
+"""BatchKV / GrowingLayer: decode steps write into spare columns in place, joining rows go into spare rows, finished
+rows are replaced by the last live ones, and through all of it every row's keys/values equal plain concatenation
+(padding columns zero, aligned with the attention mask)."""
 from __future__ import annotations
 
 import random
 
 import torch
 
-from rlfactory.rollout.engines.hf_kv import GROW_COLUMNS, BatchKV, GrowingLayer
+from rlfactory.rollout.engines.hf_kv import GROW_COLUMNS, LEFT_MARGIN, BatchKV, GrowingLayer
 
 LAYERS, HEADS, DIM = 2, 2, 4
 
@@ -67,8 +68,10 @@ def test_merges_steps_and_evictions_match_concatenation():
             rows += cols
         elif op < 0.35 and len(rows) > 1:  # some rows finish
             keep = sorted(rng.sample(range(len(rows)), rng.randint(1, len(rows) - 1)))
-            batch.select(keep)
-            rows = [rows[i] for i in keep]
+            order = batch.compact(keep)
+            assert sorted(order) == keep
+            assert all(order[j] == j for j in range(len(keep)) if j in keep)  # only rows past the end move
+            rows = [rows[i] for i in order]
         else:  # a decode step for every row
             batch.step_inputs()
             new = [torch.randn(HEADS, DIM) for _ in rows]
@@ -95,4 +98,38 @@ def test_a_long_decode_reallocates_only_when_full():
         layer = batch.cache.layers[0]
         seen.append((layer.capacity, layer.k_buf.data_ptr()))
     changes = [b for a, b in zip(seen, seen[1:]) if a != b]
-    assert [c for c, _ in changes] == [256, 384, 640]  # a new buffer only when the old one is full
+    # a new buffer only when the old one is full, each half again larger, with the free margin on the left
+    assert [c - LEFT_MARGIN for c, _ in changes] == [256, 384, 640]
+
+
+def _prefilled(batch: BatchKV, lengths: list[int], fill: float) -> tuple:
+    _, mask, positions = batch.left_pad([[1] * n for n in lengths], torch.device("cpu"))
+    cache = batch.new_cache()
+    keys = torch.full((len(lengths), HEADS, mask.shape[1], DIM), fill) * mask[:, None, :, None]
+    cache.update(keys, keys, 0)
+    return cache, mask, positions[:, -1] + 1
+
+
+def test_rows_join_and_leave_in_place():
+    batch = BatchKV(pad_token_id=0)
+    batch.merge(*_prefilled(batch, [12, 5], 1.0))
+    batch.merge(*_prefilled(batch, [3], 2.0))  # rows 2..: the buffers' row capacity grows once, by half again
+    layer = batch.cache.layers[0]
+    buf, rows_cap = layer.k_buf.data_ptr(), layer.row_capacity
+    assert rows_cap >= 4
+    batch.merge(*_prefilled(batch, [7], 3.0))  # fits the spare rows and the window: written in place
+    assert layer.k_buf.data_ptr() == buf and batch.rows == 4
+    batch.merge(*_prefilled(batch, [12 + LEFT_MARGIN // 2], 4.0))  # longer than the window: it grows left in place
+    assert batch.cache.layers[0].k_buf.data_ptr() == buf and batch.mask.shape[1] == 12 + LEFT_MARGIN // 2
+    order = batch.compact([0, 2, 4])  # rows 1 and 3 finished: row 4 moves into row 1
+    assert order == [0, 4, 2]
+    layer = batch.cache.layers[0]
+    assert layer.k_buf.data_ptr() == buf
+    real = batch.mask.bool()
+    for i, fill in enumerate([1.0, 4.0, 2.0]):
+        assert bool((layer.keys[i][:, real[i]] == fill).all()) and not bool(layer.keys[i][:, ~real[i]].any())
+    assert bool(batch.mask[:, 0].any())  # trimmed: no all-padding column on the left
+    assert batch.compact([]) == [] and batch.rows == 0  # the batch empties; its buffers stay for the next rows
+    batch.merge(*_prefilled(batch, [9], 5.0))
+    layer = batch.cache.layers[0]
+    assert layer.k_buf.data_ptr() == buf and batch.rows == 1 and bool((layer.keys[0] == 5.0).all())
