@@ -367,8 +367,7 @@ class HFEngine:
                         self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
                 finished.append(r)
                 rows[i] = None
-        if finished:
-            resolve_many(finished)
+        resolve_many(finished)
         dead = sum(r is None for r in rows)
         if dead and (dead == len(rows) or dead >= max(COMPACT_MIN_ROWS, (len(rows) - dead) // 4)):
             rows = self._compact(batch, rows)

@@ -60,13 +60,11 @@ class GrowingLayer(DynamicLayer):
         self.start = self.end = self.rows = self.margin = 0
 
     @classmethod
-    def holding(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, end: int, rows: int | None = None,
-                margin: int = 0) -> "GrowingLayer":
+    def holding(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, end: int) -> "GrowingLayer":
         layer = cls()
         layer.lazy_initialization(k_buf, v_buf)
         layer.k_buf, layer.v_buf, layer.start, layer.end = k_buf, v_buf, start, end
-        layer.rows = int(k_buf.shape[0]) if rows is None else rows
-        layer.margin = margin
+        layer.rows = int(k_buf.shape[0])
         layer._publish()
         return layer
 

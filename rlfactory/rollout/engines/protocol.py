@@ -52,9 +52,8 @@ ENGINE_COUNTERS = {"busy_s": "engine_busy_s", "prefill_s": "engine_prefill_s", "
                    "prefill_batches": "engine_prefills"}
 """The engine's cumulative counters (`EngineStats` fields) logged per step as `perf/<name>` (sync) or
 `async/<name>` (the generator's engine, async): compute seconds (of which prefills), decode steps and prefill
-forward passes. Fewer
-decode steps for the same tokens means larger batches: on a small model a step costs about the same at 8 rows as
-at 64."""
+forward passes. Fewer decode steps for the same tokens means larger batches: on a small model a step costs about
+the same at 8 rows as at 64."""
 
 
 def engine_counters(engine: Any) -> dict[str, float]:
