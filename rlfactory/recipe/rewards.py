@@ -1,5 +1,5 @@
 """The `rewards:` section of a recipe: which reward functions, their weights, and what a failed one scores.
-The functions are loaded and run by rlfactory/reward.py."""
+The functions are loaded and run by rlfactory/reward/."""
 from __future__ import annotations
 
 from typing import Any
