@@ -14,8 +14,8 @@ sampled (`rlfactory eval --k 4`, temperature 1). Reported per schedule:
 - `turns_mean`: mean turns per greedy episode;
 - `distinct_sequences_per_task`: of 4 sampled episodes per task, how many distinct action sequences (1 = the policy
   collapsed onto one behaviour, 4 = all differ);
-- `reward_best` / `reward_last5` and `collapsed`: whether the training reward (5-step mean) fell more than 0.2 below
-  its best;
+- `reward_best` / `reward_last5` and `collapsed`: whether the training reward (5-step mean, full windows) fell more
+  than 0.2 below its best;
 - `grpo_minutes`.
 This is a measurement, not a pass/fail test; docs/environments.md says what it shows beside the paper's claim.
 """
@@ -42,6 +42,14 @@ def schedules(recipe: Path) -> dict[str, dict[str, Any]]:
     return {"fixed_short": {"type": "fixed", "turns": horizon["horizons"][0]},
             "fixed_long": {"type": "fixed", "turns": horizon["horizons"][-1]},
             "scaling_inter": horizon}
+
+
+def five_step_means(rewards: list[float]) -> list[float]:
+    """The training reward's 5-step means, over full windows only: a partial window at the start is one or two lucky
+    batches, and a best taken there would flag a collapse that never happened."""
+    if len(rewards) < 5:
+        return [statistics.fmean(rewards)] if rewards else [0.0]
+    return [statistics.fmean(rewards[i - 4: i + 1]) for i in range(4, len(rewards))]
 
 
 def distinct_sequences(eval_dir: Path) -> float:
@@ -75,7 +83,7 @@ def main() -> None:
         _run(cmd, out / "train.log")
         rows = [json.loads(x) for x in (out / "train" / "metrics.jsonl").read_text().splitlines() if x.strip()]
         rewards = [r["reward/mean"] for r in rows]
-        smooth = [statistics.fmean(rewards[max(0, i - 4): i + 1]) for i in range(len(rewards))]
+        smooth = five_step_means(rewards)
         checkpoint = sorted((out / "train" / "checkpoints").glob("step_*"))[-1]
         greedy = evaluate(recipe, out / "greedy", checkpoint)
         sampled_dir = out / "sampled"
