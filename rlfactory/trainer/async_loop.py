@@ -7,6 +7,8 @@ while this process updates the policy, on separate cores.
 With one mini-batch and one epoch per step and no masking (the defaults), the update is built as the groups arrive
 (streamed_update.py): forward/backward of the groups already here runs while the generator finishes the rest, and
 once the last is in only its own pass and the optimizer step remain. Otherwise the step waits for every group.
+On CPU with the cores split (`trainer.update_on_generator`), the step's micro-batches are jobs that the generator's
+decoding thread takes from the end of the queue once it has nothing to generate (update_jobs.py).
 
 Step s trains policy version s (s optimizer steps taken) on groups whose tokens were sampled by versions s-k..s.
 `trainer.stale_groups` says what happens to a group that falls behind the bound: `drop` (default) takes finished
@@ -16,7 +18,8 @@ objective with truncated importance weights and/or masking (`algorithm.off_polic
 
 Metrics per step (metrics.jsonl) add `async/*`: staleness per token and per trajectory (mean, max), trajectories
 dropped, weight-push seconds (trainer) and weight-load seconds (generator), idle seconds of the trainer (waiting for
-groups) and of the generator's engine (no forward pass to run), seconds the bound held the generator back; and
+groups, or for the generator's jobs) and of the generator's engine (no forward pass to run, nor update job), seconds
+the bound held the generator back, the update jobs, rows and seconds the generator took; and
 `off_policy/*`: behaviour-vs-proximal logprob gap and KL, tokens clipped or masked by the correction.
 
 Checkpoints hold the model, optimizer and the data position: the first group not yet trained, and those trained
@@ -46,8 +49,9 @@ from rlfactory.trainer.generator_launch import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
 from rlfactory.trainer.progress import StepProgress
-from rlfactory.trainer.streamed_update import StreamedStep, streams
-from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.streamed_update import StreamedStep, UpdatePart, streams
+from rlfactory.trainer.update_jobs import UpdateJobs
+from rlfactory.trainer.weight_push import SharedWeights, trainable_parameters
 from rlfactory.trainer.wiring import open_rollout_side
 
 logger = logging.getLogger(__name__)
@@ -67,6 +71,8 @@ class AsyncTrainer(LocalTrainer):
         self.queue = GroupQueue(t.prompts_per_step, self.k, t.stale_groups)
         self._dropped_step = 0
         self._gen_stats: dict[str, float] = {}
+        self.update_jobs: UpdateJobs | None = None  # set in run() when the generator shares the update
+        self._parts: dict[int, UpdatePart] = {}  # the generator's share of a step's update, by step
 
     # ----------------------------------------------------------------------------------------------- state
     def _save(self) -> Any:
@@ -94,6 +100,8 @@ class AsyncTrainer(LocalTrainer):
         if kind == "group":
             self.queue.add(body)
             self._gen_stats = body.stats
+        elif kind == "update_part":
+            self._parts[body.step] = body
         elif kind == "dropped":
             self.queue.drop(body.index, body.trajectories)
             self._dropped_step += body.trajectories
@@ -134,9 +142,11 @@ class AsyncTrainer(LocalTrainer):
         if self.launch is None:
             self.launch = GeneratorLaunch.start(r)
         weights = SharedWeights.from_model(self.model, self.launch.lock, version=self.step)
+        if self._shares_update():
+            self.update_jobs = UpdateJobs.from_model(self.model, self.launch.jobs_lock)
         self.launch.setup(Setup(weights=weights, start_index=self.queue.watermark,
                                 skip=sorted(self.queue.done_above), start_version=self.step,
-                                engine_cpus=self.launch.engine_cpus))
+                                engine_cpus=self.launch.engine_cpus, update_jobs=self.update_jobs))
         try:
             async with contextlib.AsyncExitStack() as stack:
                 await self._wait_ready()
@@ -200,28 +210,62 @@ class AsyncTrainer(LocalTrainer):
         self.launch.stop()
         return summary
 
+    def _shares_update(self) -> bool:
+        """Whether the generator takes jobs of the update (`trainer.update_on_generator`): on CPU with the cores
+        split, for steps built as groups arrive, without a KL reference (the generator holds no reference model)."""
+        return (self.recipe.trainer.update_on_generator and self.launch.engine_cpus is not None
+                and self.device.type == "cpu" and streams(self.recipe) and self.ref_model is None)
+
     async def _streamed_step(self, s: int, timer: StageTimer) -> tuple[list[Any], dict[str, float]]:
         """The step's groups and update metrics, the update built as the groups arrive (streamed_update.py):
-        forward/backward of each batch of arrivals runs while the generator finishes the rest."""
+        forward/backward of each arrival's micro-batches runs while the generator finishes the rest, and when the
+        update is shared, the generator's idle engine takes micro-batches from the end of the queue
+        (update_jobs.py)."""
         need = self.recipe.trainer.prompts_per_step
-        step = StreamedStep(self, self.recipe.algorithm.off_policy)
+        jobs = self.update_jobs
+        describe = None
+        if jobs is not None:
+            jobs.open(s)
+            messages = self.launch.job_messages
+            messages.put(("open", s, self.queue.watermark))
+
+            def describe(job: int, group_indices: list[int], rows: list[int]) -> None:
+                messages.put(("job", s, job, tuple(group_indices), list(rows)))
+
+        step = StreamedStep(self, self.recipe.algorithm.off_policy, jobs, describe)
         groups: list[Any] = []
+        part = None
         try:
-            while len(groups) < need:
-                await self._receive(0.0)  # whatever arrived during the last backward
-                got = self._pick(s, need - len(groups))
-                if not got:
-                    with timer("wait"):
-                        await self._receive(0.05)
+            while len(groups) < need or step.pending():
+                await self._receive(0.0)  # whatever arrived during the last job
+                got = self._pick(s, need - len(groups)) if len(groups) < need else []
+                if got:
+                    groups += got
+                    with timer("update"):
+                        await asyncio.to_thread(step.plan, _trajectories(got), [g.index for g in got])
                     continue
-                groups += got
-                with timer("update"):
-                    await asyncio.to_thread(step.add, _trajectories(got))
+                if step.pending():
+                    with timer("update"):
+                        await asyncio.to_thread(step.run_next)
+                    continue
+                with timer("wait"):
+                    await self._receive(0.05)
+            if jobs is not None and jobs.close():
+                with timer("wait"):  # the jobs the generator took
+                    while not (jobs.posted(s) and s in self._parts):
+                        await self._receive(0.01)
+                part = self._parts.pop(s)
+                jobs.add_posted_into(trainable_parameters(self.model))
             with timer("update"):
-                return groups, await asyncio.to_thread(step.finish)
+                metrics = await asyncio.to_thread(step.finish, part)
         except BaseException:
             step.abort()
             raise
+        if jobs is not None:
+            metrics.update({"async/generator_update_jobs": float(part.jobs if part else 0),
+                            "async/generator_update_rows": float(part.rows if part else 0),
+                            "async/generator_update_s": float(part.seconds if part else 0.0)})
+        return groups, metrics
 
     async def _wait_ready(self) -> None:
         proc, results = self.launch.proc, self.launch.results
@@ -253,7 +297,7 @@ class AsyncTrainer(LocalTrainer):
             "async/weight_load_s": delta("weight_load_s"),
             "async/weight_loads": delta("weight_loads"),
             "async/trainer_idle_s": timer.seconds.get("wait", 0.0),
-            "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s")),
+            "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s") - delta("update_s")),
             "async/generator_gated_s": delta("gated_s"),
             **{f"async/{k}": delta(k) for k in ENGINE_COUNTERS.values()},
         }

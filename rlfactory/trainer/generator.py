@@ -5,6 +5,8 @@
     SharedWeights.publish(model, v)  ---- shm --->   HF engine loads version v between two decode steps
     results.get() <------------ queue ------------   scored GRPO groups (trajectories stamped with versions)
     trainer_drops, stop  -------- shared -------->   the staleness gate, shutdown
+    UpdateJobs, job descriptions -- shm, queue -->   idle decoding thread: jobs of the trainer's update
+    UpdateJobs.add_posted_into  <------ shm -------   their summed gradient (update_helper.py)
 
 The generator runs its own copy of the policy, tool servers, AgentLoop and RewardSet, and keeps as many GRPO groups
 in flight as the staleness bound allows: group number i may start while
@@ -87,6 +89,8 @@ class Setup:
     engine_cpus: list[int] | None = None
     """`trainer.split_cores`: the CPUs of the generator's decoding thread (its event loop and tool servers are not
 pinned)."""
+    update_jobs: Any = None
+    """`trainer.update_on_generator`: the `UpdateJobs` of the trainer's steps (update_jobs.py); None = not shared."""
 
 
 @dataclass
@@ -127,7 +131,8 @@ def may_start(pushes: int, live: int, running: int, per_step: int, k: int) -> bo
 def generator_main(spec: GeneratorSpec, results: Any, setup: Any, stop: Any, trainer_drops: Any) -> None:
     """Process entry point: run the generator until `stop` is set or the parent dies. A failure is reported on
     `results` as ("error", {message, traceback, user}) and ends the process; `user` marks the project's own
-    errors (configuration, tool servers), whose message is the whole story."""
+    errors (configuration, tool servers), whose message is the whole story. `setup`: the Setup pipe's receiving
+    end, the SharedWeights lock, the UpdateJobs lock, and the queue of the trainer's job descriptions."""
     _die_with_parent()
     try:
         asyncio.run(Generator(spec, results, setup, stop, trainer_drops).run())
@@ -155,7 +160,9 @@ class Generator:
         self.r = spec.recipe
         self.weights: Any = None  # SharedWeights, from the trainer's Setup
         self.start_version = 0
-        self.setup_in, self.lock = setup  # the pipe's receiving end, the SharedWeights lock
+        # the pipe's receiving end, the SharedWeights lock, the UpdateJobs lock, the trainer's job descriptions
+        self.setup_in, self.lock, self.jobs_lock, self.job_messages = setup
+        self.helper: Any = None  # an UpdateHelper when the trainer shares its update
         self.results = results
         self.stop = stop
         self.trainer_drops = trainer_drops
@@ -178,6 +185,7 @@ class Generator:
         from rlfactory.rollout.engines.protocol import engine_counters
 
         return {"wall_s": time.perf_counter() - self.t0, **engine_counters(engine), "gated_s": self.gated_s,
+                "update_s": self.helper.seconds if self.helper is not None else 0.0,
                 "weight_loads": float(engine.weight_loads), "weight_load_s": engine.weight_load_s,
                 "started": float(self.started), "dropped": float(self.dropped),
                 "tool_restarts": float(self.tools.counters()["restarts"]) if self.tools is not None else 0.0}
@@ -206,18 +214,32 @@ class Generator:
         sampler = TaskSampler(len(tasks), r.trainer.seed)
         tokenizer = load_tokenizer(r)
         model = load_policy(r, device).eval()
+        if r.trainer.update_on_generator:  # ~1 s of imports (verl's losses), while the trainer still starts up
+            from rlfactory.trainer.update_helper import UpdateHelper
         setup = await self._wait_setup()
         if setup is None:
             return
         self.weights, self.start_version = setup.weights.with_lock(self.lock), setup.start_version
+        if setup.update_jobs is not None:
+            self.helper = UpdateHelper(r, model, tokenizer, device, setup.update_jobs.with_lock(self.jobs_lock),
+                                       self.weights, self.job_messages, self.results)
         run_dir = self.spec.run_dir
         async with open_rollout_side(r, model, tokenizer, device, run_dir, weight_source=self.weights) as side:
             side.engine.load_pushed_weights()
             if setup.engine_cpus:
                 side.engine.worker_cpus = set(setup.engine_cpus)
+            if self.helper is not None:
+                side.engine.idle_task = self._idle_update
             self.tools = side.tools
             self.results.put(("ready", {"pid": os.getpid(), "version": side.engine.policy_version}))
             await self._serve(side, tasks, sampler, setup)
+
+    def _idle_update(self) -> bool:
+        """The engine's idle task: a job of the trainer's update, once every group the bound allows is generated
+        (a turn that waits for a tool would otherwise wait for the job too)."""
+        if self.inflight:
+            return False
+        return self.helper.run_one()
 
     async def _wait_setup(self) -> Setup | None:
         """The trainer's Setup, or None when told to stop first."""
@@ -265,6 +287,9 @@ class Generator:
                     index += 1
                 if self.drop_stale:
                     self._cancel_stale(inflight, gids, engine)
+                if self.helper is not None:
+                    self.helper.take_messages()
+                    self.helper.post_due()
                 done = [i for i, t in inflight.items() if t.done()]
                 for i in done:
                     inflight.pop(i).result()  # a failure inside a group is a bug here: raise it
@@ -288,6 +313,8 @@ class Generator:
                 inflight.pop(i).cancel()
                 self.group_oldest.pop(gids.pop(i), None)
                 self.dropped += 1
+                if self.helper is not None:
+                    self.helper.forget(i)
                 self.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
                                                           self.stats(engine))))
 
@@ -307,6 +334,8 @@ class Generator:
         trajs = list(await asyncio.gather(*(one(k) for k in range(n))))
         metrics = list(await asyncio.gather(*(side.rewards.score([t]) for t in trajs)))
         counts = None if tools is None else tools.counts
+        if self.helper is not None:
+            self.helper.keep(index, trajs)
         self.results.put(("group", GroupResult(index, trajs, metrics, version, counts, self.stats(side.engine))))
 
 

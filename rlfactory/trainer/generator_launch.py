@@ -36,14 +36,19 @@ class GeneratorLaunch:
         self._setup_in, self._setup_out = ctx.Pipe(duplex=False)
         self.lock = ctx.Lock()
         """The SharedWeights lock (a lock reaches a spawned process only as an argument of the spawn)."""
+        self.jobs_lock = ctx.Lock()
+        """The UpdateJobs lock (trainer.update_on_generator)."""
+        self.job_messages = ctx.Queue()
+        """The trainer's job descriptions and step openings, for the generator's UpdateHelper."""
         self.trainer_drops = ctx.Value("q", 0)
         """Groups the trainer dropped (they free their places under the staleness bound)."""
         spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
         self._cpus: list[int] | None = None  # this process's CPUs before the split (restored by stop)
         self.engine_cpus: list[int] | None = None
         self.proc = ctx.Process(target=generator_main, name="rlfactory-generator", daemon=True,
-                                args=(spec, self.results, (self._setup_in, self.lock), self.stop_event,
-                                      self.trainer_drops))
+                                args=(spec, self.results,
+                                      (self._setup_in, self.lock, self.jobs_lock, self.job_messages),
+                                      self.stop_event, self.trainer_drops))
 
     @classmethod
     def start(cls, recipe: "Recipe") -> "GeneratorLaunch":
@@ -86,9 +91,10 @@ class GeneratorLaunch:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5)
-        with contextlib.suppress(Exception):
-            self.results.cancel_join_thread()
-            self.results.close()
+        for q in (self.results, self.job_messages):
+            with contextlib.suppress(Exception):
+                q.cancel_join_thread()
+                q.close()
         if self._cpus is not None:  # a Python caller's process goes on after the run with all its CPUs
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self._cpus)

@@ -47,6 +47,9 @@ from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_S = 0.002
+"""With an `idle_task`: how long the idle decoding thread waits for a request before asking it again."""
+
 COMPACT_MIN_ROWS = 4
 """Finished rows stay in the running batch until at least this many (and a quarter of the live ones) have gathered:
 then one compaction removes them all (measured on CPU for the quickstart's model: a dead row costs ~0.1 ms a decode
@@ -96,6 +99,10 @@ class HFEngine:
         """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
         self.worker_cpus: set[int] | None = None
         """CPUs for the decoding thread alone (set before the first request; None = the caller's)."""
+        self.idle_task: Any = None
+        """Called on the decoding thread while no request waits or runs (polled every IDLE_POLL_S): runs one short
+        piece of other work and returns True, or returns False when it has none (the generator's share of the
+        trainer's update, trainer/update_helper.py)."""
         self.weight_source = weight_source
         self.weight_loads = 0
         self.weight_load_s = 0.0
@@ -208,6 +215,12 @@ class HFEngine:
         batch = BatchKV(self.pad_token_id)
         rows: list[Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
         while True:
+            if self.idle_task is not None and not rows and not self._pending and not self._closed:
+                if not self.idle_task():
+                    with self._cond:
+                        if not self._pending and not self._closed:
+                            self._cond.wait(IDLE_POLL_S)
+                continue
             with self._cond:
                 while not self._pending and not rows and not self._closed:
                     self._cond.wait()
