@@ -239,7 +239,13 @@ class Generator:
         (a turn that waits for a tool would otherwise wait for the job too)."""
         if self.inflight:
             return False
-        return self.helper.run_one()
+        try:
+            return self.helper.run_one()
+        except BaseException as e:  # the trainer waits for this job's gradient: tell it instead, and it raises
+            self.results.put(("error", {"message": f"a job of the update failed in the generator: "
+                                                   f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                                        "user": False}))
+            raise
 
     async def _wait_setup(self) -> Setup | None:
         """The trainer's Setup, or None when told to stop first."""

@@ -216,7 +216,12 @@ class HFEngine:
         rows: list[Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
         while True:
             if self.idle_task is not None and not rows and not self._pending and not self._closed:
-                if not self.idle_task():
+                try:
+                    did = self.idle_task()
+                except Exception:  # the decoding thread must live on: the task is dropped, requests still served
+                    logger.exception("HF engine: the idle task failed; it will not run again")
+                    self.idle_task, did = None, False
+                if not did:
                     with self._cond:
                         if not self._pending and not self._closed:
                             self._cond.wait(IDLE_POLL_S)
