@@ -214,13 +214,17 @@ class Generator:
         sampler = TaskSampler(len(tasks), r.trainer.seed)
         tokenizer = load_tokenizer(r)
         model = load_policy(r, device).eval()
-        if r.trainer.update_on_generator:  # ~1 s of imports (verl's losses), while the trainer still starts up
-            from rlfactory.trainer.update_helper import UpdateHelper
+        if r.trainer.update_on_generator and r.trainer.split_cores and device.type == "cpu":
+            # the update may be shared (the trainer decides, AsyncTrainer._shares_update): ~1 s of imports (verl's
+            # losses) now, while the trainer still starts up
+            import rlfactory.trainer.update_helper  # noqa: F401
         setup = await self._wait_setup()
         if setup is None:
             return
         self.weights, self.start_version = setup.weights.with_lock(self.lock), setup.start_version
         if setup.update_jobs is not None:
+            from rlfactory.trainer.update_helper import UpdateHelper
+
             self.helper = UpdateHelper(r, model, tokenizer, device, setup.update_jobs.with_lock(self.jobs_lock),
                                        self.weights, self.job_messages, self.results)
         run_dir = self.spec.run_dir
