@@ -17,38 +17,38 @@ from pathlib import Path
 import pytest
 from mcp_helpers import child_pids
 
-from envs.tools import python_sandbox as sandbox
+from envs.tools import python_sandbox, sandbox_probe, sandbox_run
 
 
 @pytest.fixture(scope="module", params=["probed", "hook_only"])
-def iso(request) -> sandbox.Isolation:
+def iso(request) -> sandbox_run.Isolation:
     """Every test runs twice: with what this machine allows (namespaces and the filesystem view, per-snippet uid when
     root), and with the audit hook (reads limited to the interpreter's files) and rlimits alone — what a machine
     without unshare gets."""
     if request.param == "hook_only":
-        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
-    return sandbox.probe_isolation()
+        return sandbox_run.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox_probe.readable_paths())
+    return sandbox_probe.probe_isolation()
 
 
 @pytest.fixture(scope="module")
-def viewed() -> sandbox.Isolation:
+def viewed() -> sandbox_run.Isolation:
     """What this machine allows, where it can make namespaces: then the sandbox must have its own filesystem."""
-    iso = sandbox.probe_isolation()
+    iso = sandbox_probe.probe_isolation()
     if not iso.namespace_prefix:
         pytest.skip(f"this machine cannot make namespaces (unshare), so no filesystem view: {iso.describe()}")
     return iso
 
 
 @pytest.fixture(scope="module", params=["view", "hook_reads"])
-def contained(request) -> sandbox.Isolation:
+def contained(request) -> sandbox_run.Isolation:
     """Both ways host files are kept from a snippet: the filesystem view, and the audit hook's fallback."""
     if request.param == "hook_reads":
-        return sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+        return sandbox_run.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox_probe.readable_paths())
     return request.getfixturevalue("viewed")
 
 
 async def run(iso, code: str, timeout_s: float = 10, **limits) -> str:
-    return await sandbox.run_snippet(code, timeout_s, sandbox.Limits(**limits), iso)
+    return await sandbox_run.run_snippet(code, timeout_s, sandbox_run.Limits(**limits), iso)
 
 
 def scratch_dirs() -> set[str]:
@@ -312,7 +312,7 @@ async def test_the_view_is_read_only_except_the_scratch_directory(viewed):
 
 
 async def test_without_a_view_the_hook_refuses_reading_host_files(tmp_path):
-    iso = sandbox.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox.readable_paths())
+    iso = sandbox_run.Isolation(namespace_prefix=[], uid_base=None, readable=sandbox_probe.readable_paths())
     assert "reads limited to the interpreter's files" in iso.describe()
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret")
@@ -329,8 +329,8 @@ async def test_without_a_view_the_hook_refuses_reading_host_files(tmp_path):
 
 
 def test_start_up_log_line_names_the_active_layers():
-    expected = sandbox.probe_isolation().describe()
-    out = subprocess.run([sys.executable, sandbox.__file__], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "COLUMNS": "400"})
+    expected = sandbox_probe.probe_isolation().describe()
+    out = subprocess.run([sys.executable, python_sandbox.__file__], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
     assert out.returncode == 0, out.stderr
     assert f"python sandbox isolation: {expected}" in " ".join(out.stderr.split())
