@@ -133,13 +133,13 @@ class StreamedStep:
         while self.run_next():
             pass
 
-    def plan(self, trajs: list[Any], group_indices: list[int] | None = None) -> int:
+    def plan(self, trajs: list[Any], group_indices: list[int] | None = None) -> None:
         """Count whole groups' trajectories into the step and queue their micro-batches (announced to the generator
-        when shared and `group_indices` name the groups, in the order of `trajs`); returns how many."""
+        when shared and `group_indices` name the groups, in the order of `trajs`)."""
         arr = arrival(self.host, trajs, self.host.recipe.algorithm.micro_batch_size,
                       self.tail if group_indices is not None else None)
         if arr is None:
-            return 0
+            return
         self.kept += arr.kept
         self.trained_on_infra += arr.trained_on_infra
         mask = arr.batch.response_mask
@@ -154,7 +154,6 @@ class StreamedStep:
                 self.describe(j, group_indices, rows)
                 shared = self.jobs.add_job(j)
             self.todo.append((arr, rows, shared))
-        return len(arr.micro)
 
     def run_next(self) -> bool:
         """Run the next queued job the generator has not taken; False when none is left."""
