@@ -39,7 +39,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=30 tests
 
 test-fast: install
-	$(PY) -m pytest -q -x -m "not slow" tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) -m "not slow" tests
 
 quickstart: install
 	$(RLF) train recipes/quickstart.yaml

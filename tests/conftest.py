@@ -4,6 +4,7 @@ Servers start on 127.0.0.1 with ports the fixture picks, and are stopped by the 
 """
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import sys
@@ -38,6 +39,9 @@ _WORKER_TMP: Path | None = None
 if _WORKER:
     _WORKER_TMP = Path(tempfile.mkdtemp(prefix=f"rlf-tests-{_WORKER}-"))
     os.environ["TMPDIR"] = tempfile.tempdir = str(_WORKER_TMP)
+    # Removed when the worker exits, after multiprocessing removes the folder it made in there (its finalizer runs at
+    # exit priority -100, this one after it).
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(_WORKER_TMP), True), exitpriority=-101)
 
 # Tests that run verl on Ray share one worker, one at a time: a local Ray is one per machine (`ray.init()` joins a
 # cluster another test started, and `ray stop --force` stops every Ray process there is).
@@ -64,11 +68,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     if _WORKER:  # the longest unit (verl's, ~10 minutes) first, so the other worker runs everything else beside it
         items.sort(key=lambda item: _unit(item.nodeid) == item.nodeid)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _WORKER_TMP is not None:
-        shutil.rmtree(_WORKER_TMP, ignore_errors=True)
 
 
 @pytest.fixture
