@@ -35,13 +35,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `make test` runs two pytest-xdist workers. Each gets a temp folder of its own (TMPDIR, inherited by the servers
 # it starts), so a test that looks at what is left in the temp folder sees only its own worker's files.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-_WORKER_TMP: Path | None = None
 if _WORKER:
-    _WORKER_TMP = Path(tempfile.mkdtemp(prefix=f"rlf-tests-{_WORKER}-"))
-    os.environ["TMPDIR"] = tempfile.tempdir = str(_WORKER_TMP)
+    os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix=f"rlf-tests-{_WORKER}-")
     # Removed when the worker exits, after multiprocessing removes the folder it made in there (its finalizer runs at
     # exit priority -100, this one after it).
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(_WORKER_TMP), True), exitpriority=-101)
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(tempfile.tempdir, True), exitpriority=-101)
 
 # Tests that run verl on Ray share one worker, one at a time: a local Ray is one per machine (`ray.init()` joins a
 # cluster another test started, and `ray stop --force` stops every Ray process there is).
