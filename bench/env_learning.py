@@ -1,17 +1,20 @@
 """Do the environments learn? Per environment: greedy eval of the warm start, GRPO, greedy eval again.
 
     python bench/env_learning.py --json bench/results/env_learning.json [--envs babyai,textcraft] [--seeds 0,1]
+                                 [--serial]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped recipes:
     rlfactory eval  recipes/<env>_learn.yaml                                   (the warm start: the recipe's model)
     rlfactory train recipes/<env>_learn.yaml --set trainer.seed=S
     rlfactory eval  recipes/<env>_learn.yaml --checkpoint RUN/checkpoints/step_<last>
-Validation is the recipe's held-out tasks (`data.val_file`), one greedy episode each; success is pass@1 (the
-recipe's reward is the environment's success). Reported per environment, averaged over the seeds:
-`<env>_success_warm`, `<env>_success_trained`, `<env>_success_rise` (goal >= 0.2) and `<env>_grpo_minutes` (the
-training run's own wall time, the largest over the seeds; goal <= 15), with per-seed figures and what the policy
-does before and after (mean turns per episode; for BabyAI, the share of first actions that are AgentGym macros).
-`--png` (default next to the JSON) plots training reward against wall-clock minutes.
+The seeds train at the same time (`--serial`: one after another), each run in its own process with one torch thread
+and its own tool server, so on 2 cores each has about one core. Validation is the recipe's held-out tasks
+(`data.val_file`), one greedy episode each; success is pass@1 (the recipe's reward is the environment's success).
+Reported per environment, averaged over the seeds: `<env>_success_warm`, `<env>_success_trained`,
+`<env>_success_rise` (goal >= 0.2) and `<env>_grpo_minutes` (the training run's own wall time, the largest over the
+seeds; goal <= 15), with per-seed figures and what the policy does before and after (mean turns per episode; for
+BabyAI, the share of first actions that are AgentGym macros). `--png` (default next to the JSON) plots training
+reward against wall-clock minutes.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +41,7 @@ def _run(cmd: list[str], log: Path) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({' '.join(map(str, cmd))}); last lines of {log}:\n"
                          + "\n".join(log.read_text().splitlines()[-15:]))
@@ -72,7 +76,7 @@ def train(recipe: Path, out: Path, seed: int, steps: int | None) -> dict[str, An
     process_s = _run(cmd, out.parent / f"{out.name}.log")
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    last = sorted((out / "checkpoints").glob("step_*"))[-1]
+    last = max((out / "checkpoints").glob("step_*"))
     return {"steps": len(rows), "grpo_minutes": round(summary["wall_s"] / 60, 2), "process_s": round(process_s, 1),
             "reward_first5": round(statistics.fmean(r["reward/mean"] for r in rows[:5]), 3),
             "reward_last5": round(statistics.fmean(r["reward/mean"] for r in rows[-5:]), 3),
@@ -107,6 +111,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=None, help="override trainer.total_steps (default: the recipe's)")
     ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument("--serial", action="store_true",
+                    help="train the seeds one after another (default: at the same time, each in its own process "
+                         "with one torch thread, so on 2 cores each run has about one core)")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     envs = [e for e in args.envs.split(",") if e]
@@ -129,17 +136,19 @@ def main() -> None:
         print(f"{env}: warm start success {warm['success']:.3f} on {warm['tasks']} held-out tasks "
               f"({warm['turns_mean']} turns, first-action macro share {warm['first_action_macro_share']})",
               flush=True)
-        runs = []
-        for seed in seeds:
+
+        def one_seed(seed: int, recipe: Path = recipe, env: str = env, warm: dict[str, Any] = warm) -> dict[str, Any]:
             tr = train(recipe, work / env / f"train-seed{seed}", seed, args.steps)
             after = evaluate(recipe, work / env / f"eval-seed{seed}", tr.pop("checkpoint"))
-            run = {"seed": seed, "success_warm": warm["success"], "success_trained": after["success"],
-                   "success_rise": round(after["success"] - warm["success"], 4), "after": after, **tr}
             print(f"{env} seed {seed}: GRPO {tr['steps']} steps in {tr['grpo_minutes']:.1f} min (reward "
                   f"{tr['reward_first5']:.2f} -> {tr['reward_last5']:.2f}); eval {warm['success']:.3f} -> "
                   f"{after['success']:.3f} ({after['turns_mean']} turns, first-action macro share "
                   f"{after['first_action_macro_share']})", flush=True)
-            runs.append(run)
+            return {"seed": seed, "success_warm": warm["success"], "success_trained": after["success"],
+                    "success_rise": round(after["success"] - warm["success"], 4), "after": after, **tr}
+
+        with ThreadPoolExecutor(max_workers=1 if args.serial else len(seeds)) as pool:
+            runs = list(pool.map(one_seed, seeds))
         per_env[env] = runs
         trained = statistics.fmean(r["success_trained"] for r in runs)
         result.update({f"{env}_success_warm": round(warm["success"], 4),

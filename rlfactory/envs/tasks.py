@@ -72,11 +72,18 @@ def _textcraft_agentgym_split(split: str) -> list[int]:
     return [i for i in range(TEXTCRAFT_AGENTGYM_GOALS * rounds) if i % TEXTCRAFT_AGENTGYM_GOALS not in val]
 
 
+BABYAI_AGENTGYM_SFT = range(1000, 9192)
+"""The BabyAI demonstration pool of `recipes/babyai_learn_sft.yaml`: 8,192 task ids (AgentGym's levels 0-39 with
+seeds 25-229) that neither GRPO's training ids (0-511: seeds 0-12) nor the held-out ids (10000-10031: seed 250)
+share, so the warm-up sees many more layouts than GRPO trains on and none of those it is evaluated on."""
+
 AGENTGYM_SPLITS: dict[str, dict[str, list[int]]] = {
     "textcraft": {split: _textcraft_agentgym_split(split) for split in ("train", "val", "sft")},
+    "babyai": {"sft": list(BABYAI_AGENTGYM_SFT)},
 }
-"""Where the agentgym task set splits differently from `SPLITS`: TextCraft's train (every other goal), val and sft
-(the demonstration pool of `recipes/textcraft_learn_sft.yaml`: the training goals, 5 times each) ids."""
+"""Where the agentgym task set splits differently from `SPLITS`, or adds a split: TextCraft's train (every other
+goal), val and sft (the demonstration pool of `recipes/textcraft_learn_sft.yaml`: the training goals, 5 times each)
+ids; BabyAI's sft (the demonstration pool of `recipes/babyai_learn_sft.yaml`)."""
 
 
 def textcraft_prompt(task_id: int) -> str:

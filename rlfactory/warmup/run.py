@@ -160,8 +160,20 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
     return model
 
 
+def _check_init(recipe: Recipe, sft: SFTConfig) -> None:
+    """`init: model` continues the recipe's model: it must be there before any demonstration is played."""
+    if sft.init != "model" or is_tiny_random(recipe):
+        return
+    folder = Path(recipe.model.path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"sft.init is `model`, so model.path must be a model folder, and {folder} has no "
+                          "config.json: make that model first (the recipe's comments name the command), or set "
+                          "sft.init: scratch", file=recipe.source)
+
+
 async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:
     """The whole warm-up; returns its summary (also written to `<output_dir>/sft_summary.json`)."""
+    _check_init(recipe, sft)
     t_start = time.perf_counter()
     torch.set_num_threads(sft.torch_threads)
     torch.manual_seed(sft.seed)

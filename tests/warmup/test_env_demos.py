@@ -173,9 +173,24 @@ def test_sft_section_names_what_an_environment_demo_set_lacks():
     with pytest.raises(ConfigError) as e:
         load_sft_recipe(recipe, ["sft.demos.0.tasks_file=null"])
     assert "sft.demos.0" in " ".join(e.value.problems) and "set tasks_file" in " ".join(e.value.problems)
-    _, sft = load_sft_recipe(recipe, ["sft.demos.1.styles={run: 1.0}"])
+    _, sft = load_sft_recipe(recipe, ["sft.demos.0.styles={run: 1.0}"])
     with pytest.raises(ValueError, match="babyai demonstrations know the styles walk, macro; got run"):
-        play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[1].styles))
+        play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[0].styles))
+
+
+def test_sft_that_continues_a_missing_model_stops_before_playing_any_demonstration(tmp_path):
+    """Stage 2 of the BabyAI warm start continues stage 1's model: without it, the run names the folder and the fix
+    before any server starts or any work folder is written."""
+    from rlfactory.errors import ConfigError
+    from rlfactory.warmup.run import load_sft_recipe, run_sft
+
+    recipe, sft = load_sft_recipe(REPO / "recipes" / "babyai_learn_sft.yaml", [
+        f"model.path={tmp_path / 'stage1'}", f"sft.work_dir={tmp_path / 'work'}",
+        f"sft.output_dir={tmp_path / 'out'}"])
+    assert sft.init == "model"
+    with pytest.raises(ConfigError, match="has no config.json: make that model first"):
+        asyncio.run(run_sft(recipe, sft))
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("env,model", [("babyai", "babyai-walker"), ("textcraft", "textcraft-crafter")])
@@ -211,6 +226,22 @@ def test_textcraft_held_out_goals_are_never_trained_or_demonstrated():
     assert len(goals["val"]) == 32 and len(goals["train"]) == env.num_tasks - 32
     assert not goals["val"] & (goals["train"] | goals["sft"]) and goals["sft"] == goals["train"]
     assert len(split["sft"]) == 5 * len(split["train"])  # each training goal with 5 draws of distractors
+
+
+def test_babyai_demonstration_pool_shares_no_layout_with_training_or_held_out_tasks():
+    """The BabyAI warm-up plays 8,192 task ids of its own (AgentGym's levels with seeds 25-229): no (level, seed) of
+    GRPO's training tasks or of the held-out tasks; the shipped file is what rlfactory.envs.tasks writes."""
+    from rlfactory.envs.babyai_agentgym import level_and_seed
+    from rlfactory.envs.tasks import AGENTGYM_SPLITS, SPLITS, task_rows
+
+    split = {name: [json.loads(x) for x in (TASKS / f"babyai_agentgym_{name}.jsonl").read_text().splitlines()]
+             for name in ("train", "val", "sft")}
+    assert split["sft"] == task_rows("babyai", AGENTGYM_SPLITS["babyai"]["sft"], "agentgym")
+    assert split["train"] == task_rows("babyai", SPLITS["babyai"][0], "agentgym")
+    assert split["val"] == task_rows("babyai", SPLITS["babyai"][1], "agentgym")
+    layouts = {name: {level_and_seed(r["env"]["task_id"]) for r in file_rows} for name, file_rows in split.items()}
+    assert len(layouts["sft"]) == len(split["sft"]) == 8192
+    assert not layouts["sft"] & (layouts["train"] | layouts["val"]) and not layouts["train"] & layouts["val"]
 
 
 @pytest.mark.parametrize("env", ["babyai", "textcraft"])
