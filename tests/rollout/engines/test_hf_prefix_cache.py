@@ -24,10 +24,12 @@ def engine_for(model, **kw) -> HFEngine:
 
 
 async def conversation(engine: HFEngine, prompt: list[int], seed: int, turns: int = 3) -> list:
-    """Turns as an agent loop asks for them: the whole history so far, a tool turn appended after each output."""
+    """Turns as an agent loop asks for them: the whole history so far, a tool turn appended after each output.
+    Greedy: a random model's next-token distribution is nearly uniform (logprobs ~ -11.9), so a sampled token moves
+    to its neighbour on a last-bit difference between batch shapes, which depend on how the requests interleave."""
     ids, outs = list(prompt), []
     for turn in range(turns):
-        out = await engine.generate(ids, SamplingParams(temperature=1.0, max_new_tokens=6 + 3 * turn,
+        out = await engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=6 + 3 * turn,
                                                         seed=seed * 10 + turn))
         outs.append(out)
         ids = ids + out.token_ids + TOOL_TURN[: 4 + 4 * turn]
