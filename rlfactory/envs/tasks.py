@@ -73,7 +73,7 @@ def _textcraft_agentgym_split(split: str) -> list[int]:
 
 
 BABYAI_AGENTGYM_SFT = range(1000, 9192)
-"""The BabyAI demonstration pool of `recipes/babyai_learn_sft.yaml`: 8,192 task ids (AgentGym's levels 0-39 with
+"""The BabyAI demonstration pool of `recipes/babyai_learn_namer_sft.yaml`: 8,192 task ids (AgentGym's levels 0-39 with
 seeds 25-229) that neither GRPO's training ids (0-511: seeds 0-12) nor the held-out ids (10000-10031: seed 250)
 share, so the warm-up sees many more layouts than GRPO trains on and none of those it is evaluated on."""
 
@@ -83,7 +83,7 @@ AGENTGYM_SPLITS: dict[str, dict[str, list[int]]] = {
 }
 """Where the agentgym task set splits differently from `SPLITS`, or adds a split: TextCraft's train (every other
 goal), val and sft (the demonstration pool of `recipes/textcraft_learn_sft.yaml`: the training goals, 5 times each)
-ids; BabyAI's sft (the demonstration pool of `recipes/babyai_learn_sft.yaml`)."""
+ids; BabyAI's sft (the demonstration pool of `recipes/babyai_learn_namer_sft.yaml`)."""
 
 
 def textcraft_prompt(task_id: int) -> str:
