@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlfactory.errors import ConfigError
+from rlfactory.models.folder import model_config, model_folder_problem
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems
@@ -142,20 +143,13 @@ def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: lis
         msg = (f"model.path: folder not found: {r.model.path} (rlfactory does not download models; put a Hugging Face "
                f"model folder there or pass --set model.path=DIR)")
         (errors if for_training else warnings).append(msg)
+    elif (problem := model_folder_problem(model_dir)) is not None:
+        errors.append(f"model.path: {problem}")
     else:
-        cfg_file = model_dir / "config.json"
-        if not cfg_file.is_file():
-            errors.append(f"model.path: {r.model.path} has no config.json (is it a Hugging Face model folder?)")
-        else:
-            try:
-                cfg = json.loads(cfg_file.read_text())
-            except json.JSONDecodeError as e:
-                errors.append(f"model.path: {cfg_file} is not valid JSON ({e.msg})")
-                cfg = {}
-            limit = cfg.get("max_position_embeddings")
-            if isinstance(limit, int) and r.rollout.max_context_tokens > limit:
-                errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
-                              f"model's max_position_embeddings ({limit}) in {cfg_file}")
+        limit = model_config(model_dir).get("max_position_embeddings")
+        if isinstance(limit, int) and r.rollout.max_context_tokens > limit:
+            errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
+                          f"model's max_position_embeddings ({limit}) in {model_dir / 'config.json'}")
     tok = r.tokenizer.path
 
     if tok and tok not in BUILTIN_TOKENIZERS and not Path(tok).exists():

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
+from rlfactory.models.folder import model_folder_problem
 from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer, load_tokenizer_from
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
@@ -164,11 +165,11 @@ def _check_init(recipe: Recipe, sft: SFTConfig) -> None:
     """`init: model` continues the recipe's model: it must be there before any demonstration is played."""
     if sft.init != "model" or is_tiny_random(recipe):
         return
-    folder = Path(recipe.model.path)
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"sft.init is `model`, so model.path must be a model folder, and {folder} has no "
-                          "config.json: make that model first (the recipe's comments name the command), or set "
-                          "sft.init: scratch", file=recipe.source)
+    problem = model_folder_problem(recipe.model.path)
+    if problem is not None:
+        raise ConfigError(f"sft.init is `model`, so model.path must be a model folder ({problem}): make that model "
+                          "first (the recipe's comments name the command), or set sft.init: scratch",
+                          file=recipe.source)
 
 
 async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = None) -> dict[str, Any]:

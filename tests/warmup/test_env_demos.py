@@ -85,12 +85,15 @@ def test_babyai_demos_are_real_successful_episodes_in_both_styles(babyai_demos):
     assert open_after["open"] == 0  # every demonstration closed its episode
 
 
-def test_textcraft_demos_follow_the_plan_through_the_real_server():
-    demos, stats, _ = play("textcraft", rows("textcraft_agentgym_train.jsonl", 6), {"plan": 1.0}, max_turns=12)
+@pytest.mark.parametrize("style", ["plan", "ask"])
+def test_textcraft_demos_follow_the_plan_through_the_real_server(style):
+    demos, stats, _ = play("textcraft", rows("textcraft_agentgym_train.jsonl", 6), {style: 1.0}, max_turns=12)
     assert len(demos) + sum(v for k, v in stats.items() if k.startswith("dropped_")) == 6 and demos
     for d in demos:
         assert actions(d)[-1].startswith("craft ")
         assert "Task complete" in d["messages"][-1]["content"]
+        if style == "ask":  # the goal's recipe comes from the server's answer to a get of the goal
+            assert actions(d)[0].startswith("get 1 ") and "Its crafting command: craft " in d["messages"][4]["content"]
 
 
 def test_a_demo_set_plays_through_its_own_servers_with_the_same_tools(tmp_path):
@@ -188,7 +191,10 @@ def test_sft_that_continues_a_missing_model_stops_before_playing_any_demonstrati
         f"model.path={tmp_path / 'stage1'}", f"sft.work_dir={tmp_path / 'work'}",
         f"sft.output_dir={tmp_path / 'out'}"])
     assert sft.init == "model"
-    with pytest.raises(ConfigError, match="has no config.json: make that model first"):
+    with pytest.raises(ConfigError, match=r"must be a model folder \(folder not found: .*stage1\): make that model"):
+        asyncio.run(run_sft(recipe, sft))
+    (tmp_path / "stage1").mkdir()
+    with pytest.raises(ConfigError, match=r"stage1 has no config.json \(is it a Hugging Face model folder\?\)"):
         asyncio.run(run_sft(recipe, sft))
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
