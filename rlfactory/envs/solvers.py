@@ -1,6 +1,7 @@
 """Scripted solvers: the demonstrators of `rlfactory sft` (rlfactory/warmup/env_demos.py), the tests and bench/envs.py.
 
-- `textcraft_plan`: every action that crafts the goal, read from the reset observation alone.
+- `textcraft_plan`: every action that crafts the goal, read from the reset observation alone (style `plan`), or
+  with a `get` of each item first, whose answer names a craftable item's crafting command (style `ask`).
 - `BabyAIShadow`: minigrid's own planner (BabyAIBot) on a private copy of the level, in minigrid's action names.
 - `BabyAIWords`: the same private copy, playing AgentGym's action *words* (the `agentgym` task set) in one of two
   styles: `walk` (the planner's low-level steps: `turn left`, `move forward`, `toggle`, a `pickup` of what is in
@@ -20,8 +21,8 @@ from typing import Any
 _CMD = re.compile(r"^craft (\d+) (.+?) using (.+)$")
 
 
-def textcraft_plan(observation: str) -> list[str]:
-    """All actions that craft the goal, using only the crafting commands listed in the reset observation."""
+def _textcraft_commands(observation: str) -> tuple[str, dict[str, tuple[int, list[tuple[int, str]]]]]:
+    """The goal and the listed recipes (item -> (count made, [(count, input)])) of a reset observation."""
     goal = re.search(r"Goal: craft (.+)\.", observation).group(1)
     recipes: dict[str, tuple[int, list[tuple[int, str]]]] = {}
     for line in observation.splitlines():
@@ -29,28 +30,58 @@ def textcraft_plan(observation: str) -> list[str]:
         if m:
             inputs = [(int(n), item) for n, item in (p.strip().split(" ", 1) for p in m.group(3).split(","))]
             recipes.setdefault(m.group(2), (int(m.group(1)), inputs))
+    return goal, recipes
+
+
+def textcraft_plan(observation: str, style: str = "plan") -> list[str]:
+    """All actions that craft the goal, using only the crafting commands listed in the reset observation.
+
+    Styles: `plan` gets what each craft needs just before it; `ask` first tries to `get` every item it needs, the
+    goal included, so the environment's answer names a craftable item's crafting command, then obtains its inputs in
+    the order that command lists them, getting a base item in the count the command says times the crafts needed,
+    unless enough is on hand (a plan a policy can follow by copying from the last answers, not only by finding the
+    goal's line in the list).
+    """
+    if style not in ("plan", "ask"):
+        raise ValueError(f"TextCraft demonstration style {style!r}: use plan or ask")
+    goal, recipes = _textcraft_commands(observation)
     actions: list[str] = []
     have: dict[str, int] = {}
+    asked: set[str] = set()
+
+    def craft(item: str, out_n: int, inputs: list[tuple[int, str]]) -> None:
+        for n, i in inputs:
+            have[i] -= n
+        actions.append(f"craft {out_n} {item} using {', '.join(f'{n} {i}' for n, i in inputs)}")
+        have[item] = have.get(item, 0) + out_n
 
     def obtain(item: str, need: int) -> None:
-        if have.get(item, 0) >= need:
+        short = need - have.get(item, 0)
+        if short <= 0:
             return
         if item not in recipes:
-            actions.append(f"get {need - have.get(item, 0)} {item}")
-            have[item] = need
+            # `ask` gets the count its recipe line says (nothing to subtract), `plan` what is short.
+            actions.append(f"get {need if style == 'ask' else short} {item}")
+            have[item] = have.get(item, 0) + need if style == "ask" else need
             return
         out_n, inputs = recipes[item]
-        times = math.ceil((need - have.get(item, 0)) / out_n)
-        for _ in range(times):
-            # Crafting one ingredient may use up another (sticks eat planks): repeat until all are on hand.
-            while any(have.get(i, 0) < n for n, i in inputs):
-                for n, i in inputs:
-                    obtain(i, n)
+        times = math.ceil(short / out_n)
+        if style == "plan":
+            for _ in range(times):
+                # Crafting one ingredient may use up another (sticks eat planks): repeat until all are on hand.
+                while any(have.get(i, 0) < n for n, i in inputs):
+                    for n, i in inputs:
+                        obtain(i, n)
+                craft(item, out_n, inputs)
+            return
+        if item not in asked:
+            asked.add(item)
+            actions.append(f"get {need} {item}")  # answered with the item's crafting command
+        while any(have.get(i, 0) < n * times for n, i in inputs):
             for n, i in inputs:
-                have[i] -= n
-            ins = ", ".join(f"{n} {i}" for n, i in inputs)
-            actions.append(f"craft {out_n} {item} using {ins}")
-            have[item] = have.get(item, 0) + out_n
+                obtain(i, n * times)
+        for _ in range(times):
+            craft(item, out_n, inputs)
 
     obtain(goal, 1)
     return actions

@@ -88,8 +88,12 @@ class RecipeBook:
         self.depth[item] = best
         return best
 
+    def recipe_for(self, item: str) -> Recipe:
+        """The recipe an episode lists for a craftable `item`: its shallowest (ties by command)."""
+        return min(self.by_output[item], key=lambda r: (max(self.depth.get(i, 0) for i, _ in r.inputs), r.command))
+
     def tree(self, goal: str) -> list[Recipe]:
-        """The recipes needed to craft `goal` from base items (the shallowest recipe for each item)."""
+        """The recipes needed to craft `goal` from base items (`recipe_for` of each item)."""
         out: list[Recipe] = []
         seen: set[str] = set()
 
@@ -97,8 +101,7 @@ class RecipeBook:
             if item in seen or item in self.base_items:
                 return
             seen.add(item)
-            recipe = min(self.by_output[item],
-                         key=lambda r: (max(self.depth.get(i, 0) for i, _ in r.inputs), r.command))
+            recipe = self.recipe_for(item)
             out.append(recipe)
             for i, _ in recipe.inputs:
                 visit(i)
@@ -250,8 +253,8 @@ class TextCraftEnv:
         if count < 1:
             return self._result(f"Could not get {count} {item}: the count must be at least 1.", 0.0)
         if item in self.book.by_output:
-            return self._result(f"Could not find {item} to get: it has to be crafted (see the crafting commands).",
-                                0.0)
+            return self._result(f"Could not find {item} to get: it has to be crafted. Its crafting command: "
+                                f"{self.book.recipe_for(item).command}", 0.0)
         if item not in self.book.base_items:
             return self._result(f"Could not find {item}: no such item. Base items appear as ingredients in the "
                                 "crafting commands.", 0.0)
@@ -266,8 +269,8 @@ class TextCraftEnv:
         inputs = tuple(sorted(parsed))  # type: ignore[arg-type]
         recipe = next((r for r in self.book.by_output.get(item, []) if r.inputs == inputs), None)
         if recipe is None:
-            known = self.book.by_output.get(item)
-            hint = f" A valid recipe is: {known[0].command}." if known else f" {item} cannot be crafted."
+            hint = (f" A valid recipe is: {self.book.recipe_for(item).command}." if item in self.book.by_output
+                    else f" {item} cannot be crafted.")
             return self._result(f"Could not find a valid recipe for {item} using {inputs_text.strip()}.{hint}", 0.0)
         if count is not None and count != recipe.count:
             return self._result(f"Could not craft {count} {item}: this recipe makes {recipe.count}. "

@@ -10,7 +10,8 @@ kept (the loop runs no call on a trajectory's last turn); the others are counted
 is right by construction.
 
 Solvers (rlfactory/envs/solvers.py), chosen per demo set by `policy`:
-- `textcraft`: `textcraft_plan` on the reset observation (style `plan`);
+- `textcraft`: `textcraft_plan` on the reset observation, style `plan` (reads the list) or `ask` (a `get` of each
+  item first, whose answer names a craftable item's crafting command);
 - `babyai`: `BabyAIWords` on AgentGym's action words, style `walk` (the level planner's single steps) or `macro`
   (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights.
 
@@ -28,17 +29,18 @@ from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolSpec
 from rlfactory.warmup.demos import render_tool_call
 
-ENV_POLICIES = {"textcraft": ("plan",), "babyai": ("walk", "macro")}
+ENV_POLICIES = {"textcraft": ("plan", "ask"), "babyai": ("walk", "macro")}
 """Demonstrator policies for environment tasks and the styles each knows."""
 
 
 class _TextCraftSolver:
     def __init__(self, task: dict[str, Any], style: str):
+        self.style = style
         self.plan: list[str] | None = None
         self.stuck = False
 
     def first(self, observation: str) -> None:
-        self.plan = textcraft_plan(observation)
+        self.plan = textcraft_plan(observation, self.style)
 
     def next_action(self) -> str:
         assert self.plan is not None

@@ -1,6 +1,8 @@
 """TextCraft over real MCP stdio: reset, scripted solving, helpful errors, episode isolation and cleanup."""
 from __future__ import annotations
 
+import pytest
+
 from rlfactory.envs.solvers import textcraft_plan
 from rlfactory.envs.textcraft import TextCraftEnv, load_recipe_book
 
@@ -26,6 +28,33 @@ def test_every_task_is_solvable_from_its_observation_alone():
         for action in textcraft_plan(obs):
             result = env.step(action)
         assert result is not None and result.done and result.reward == 1.0, (task_id, env.goal)
+
+
+def test_the_ask_style_learns_each_recipe_from_the_environments_answer():
+    """Style `ask`: a `get` of every craftable item it needs, goal first, is answered with that item's crafting
+    command, exactly as the list shows it; every other action succeeds, and the goal is crafted."""
+    env = TextCraftEnv(task_set="agentgym")
+    for task_id in range(0, env.num_tasks, 5):
+        obs = env.reset(task_id).observation
+        listed = {line.split(" using ")[0].split(" ", 2)[2]: line for line in obs.splitlines() if " using " in line}
+        plan = textcraft_plan(obs, "ask")
+        assert plan[0] == f"get 1 {env.goal}"
+        asked = []
+        for action in plan:
+            result = env.step(action)
+            if result.observation.startswith("Could not"):
+                assert action.startswith("get ") and "it has to be crafted. Its crafting command: " in \
+                    result.observation, (task_id, action, result.observation)
+                item = action.split(" ", 2)[2]
+                assert result.observation.endswith(listed[item]), (task_id, item)
+                asked.append(item)
+        assert result.done and result.reward == 1.0, (task_id, env.goal)
+        assert asked[0] == env.goal and len(asked) == len(set(asked))  # each recipe asked once
+
+
+def test_an_unknown_demonstration_style_is_refused():
+    with pytest.raises(ValueError, match="use plan or ask"):
+        textcraft_plan(TextCraftEnv().reset(0).observation, "guess")
 
 
 def test_same_task_id_same_task():
@@ -57,7 +86,7 @@ async def test_bad_actions_get_helpful_observations(open_env):
         _, s = await env.call("step", action="dance wildly", episode_id="e")
         assert "Valid actions" in s["observation"] and s["done"] is False
         _, s = await env.call("step", action="get 1 stick", episode_id="e")
-        assert "has to be crafted" in s["observation"]
+        assert "has to be crafted. Its crafting command: craft 4 stick using" in s["observation"]
         _, s = await env.call("step", action="get 2 unobtainium", episode_id="e")
         assert "no such item" in s["observation"]
         _, s = await env.call("step", action="craft 4 stick using 2 oak planks", episode_id="e")

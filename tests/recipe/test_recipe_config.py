@@ -211,3 +211,19 @@ def test_asynchronous_settings_are_checked(tmp_path):
     rec["trainer"].update({"max_staleness_steps": 2, "stale_groups": "wait"})
     rec["algorithm"]["off_policy"] = {"is_cap": None, "mask_outside": [0.5, 2.0]}
     assert [e for e in validate_recipe(write_recipe(tmp_path, rec)) if "no_such_model" not in e] == []
+
+
+def test_a_model_folder_that_is_not_one_is_named_with_what_it_lacks(tmp_path):
+    """model.path: a folder without config.json, a config.json that is not JSON, and a context longer than the
+    model's positions are each an error that names the file, before any work starts."""
+    recipe = base()
+    recipe["model"]["path"] = str(tmp_path / "m")
+    (tmp_path / "m").mkdir()
+    path = write_recipe(tmp_path, recipe)
+    assert any("has no config.json (is it a Hugging Face model folder?)" in e for e in validate_recipe(path))
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    assert any(f"{tmp_path / 'm' / 'config.json'} is not valid JSON" in e for e in validate_recipe(path))
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    errors = validate_recipe(path, ["rollout.max_context_tokens=128"])
+    assert any("rollout.max_context_tokens (128) is larger than the model's max_position_embeddings (64)" in e
+               for e in errors), errors
