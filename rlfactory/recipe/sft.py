@@ -85,14 +85,20 @@ class DemoSetConfig(Section):
 class SFTPhase(Section):
     """One phase of the warm-up: its data, length and learning rate."""
 
-    data: str
-    """A demo-set name from `sft.demos`, or a JSONL transcript file (relative to the recipe)."""
+    data: str | list[str]
+    """A demo-set name from `sft.demos`, or a JSONL transcript file (relative to the recipe); or a list of them,
+    whose transcripts the phase draws from as one shuffled pool."""
     steps: int = Field(ge=1)
     """Optimizer steps in this phase."""
     lr: float = Field(gt=0.0)
     """Peak learning rate."""
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up from 0 to `lr` over the first steps of the phase."""
+
+    @property
+    def sources(self) -> list[str]:
+        """The phase's demo sets and files, as a list."""
+        return [self.data] if isinstance(self.data, str) else list(self.data)
 
 
 class SFTCheckConfig(Section):
@@ -149,7 +155,10 @@ class SFTConfig(Section):
         if len(names) != len(self.demos):
             raise ValueError("sft.demos: demo-set names must be unique")
         for i, p in enumerate(self.phases):
-            if p.data not in names and not p.data.endswith(".jsonl"):
-                raise ValueError(f"sft.phases.{i}.data: {p.data!r} is neither a demo-set name "
-                                 f"({', '.join(sorted(names)) or 'none defined'}) nor a .jsonl file")
+            if not p.sources:
+                raise ValueError(f"sft.phases.{i}.data: an empty list; name at least one demo set or .jsonl file")
+            for src in p.sources:
+                if src not in names and not src.endswith(".jsonl"):
+                    raise ValueError(f"sft.phases.{i}.data: {src!r} is neither a demo-set name "
+                                     f"({', '.join(sorted(names)) or 'none defined'}) nor a .jsonl file")
         return self

@@ -27,7 +27,7 @@ from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import format_validation_errors
 from rlfactory.recipe.schema import Recipe, _abs
-from rlfactory.recipe.sft import SFTConfig
+from rlfactory.recipe.sft import SFTConfig, SFTPhase
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.horizon import max_horizon
 from rlfactory.tools.manager import ToolManager
@@ -91,8 +91,8 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
             d.mcp_configs = [resolve(c) for c in d.mcp_configs]
     names = {d.name for d in sft.demos}
     for phase in sft.phases:
-        if phase.data not in names:
-            phase.data = resolve(phase.data)
+        resolved = [n if n in names else resolve(n) for n in phase.sources]
+        phase.data = resolved[0] if isinstance(phase.data, str) else resolved
     return recipe, sft
 
 
@@ -161,6 +161,11 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
     return model
 
 
+def phase_examples(phases: list[SFTPhase], encoded: dict[str, list[Any]]) -> list[tuple[SFTPhase, list[Any]]]:
+    """Each phase with its examples: those of every demo set or file it names, in one pool."""
+    return [(p, [e for name in p.sources for e in encoded[name]]) for p in phases]
+
+
 def _check_init(recipe: Recipe, sft: SFTConfig) -> None:
     """`init: model` continues the recipe's model: it must be there before any demonstration is played."""
     if sft.init != "model" or is_tiny_random(recipe):
@@ -181,7 +186,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
     work = Path(sft.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     sets = await make_demo_sets(recipe, sft, work / "demos", progress)
-    phase_data = {p.data: sets[p.data] if p.data in sets else read_rows(p.data) for p in sft.phases}
+    phase_data = {n: sets[n] if n in sets else read_rows(n) for p in sft.phases for n in p.sources}
 
     if sft.init == "scratch":
         tokenizer = build_tokenizer([t for rows in phase_data.values() for t in rows],
@@ -213,7 +218,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
 
     t_train = time.perf_counter()
     history = train_phases(
-        model, [(p, encoded[p.data]) for p in sft.phases], batch_size=sft.batch_size,
+        model, phase_examples(sft.phases, encoded), batch_size=sft.batch_size,
         pad_id=tokenizer.pad_token_id, grad_clip=sft.grad_clip, weight_decay=sft.weight_decay, betas=sft.betas,
         seed=sft.seed, on_step=(lambda row: progress("step", row)) if progress else None,
     )

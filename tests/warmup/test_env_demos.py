@@ -181,6 +181,26 @@ def test_sft_section_names_what_an_environment_demo_set_lacks():
         play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[0].styles))
 
 
+def test_a_phase_draws_from_every_demo_set_it_names():
+    """`sft.phases.N.data` may list demo sets (and files): the phase trains on their union; an unknown name or an
+    empty list is refused when the recipe loads."""
+    from rlfactory.errors import ConfigError
+    from rlfactory.warmup.run import load_sft_recipe, phase_examples
+
+    recipe = REPO / "recipes" / "textcraft_learn_sft.yaml"
+    _, sft = load_sft_recipe(recipe, ["sft.phases=[{data: [plans, renamed], steps: 2, lr: 1.0e-3}, "
+                                      "{data: plans, steps: 1, lr: 1.0e-3}]"])
+    assert [p.sources for p in sft.phases] == [["plans", "renamed"], ["plans"]]
+    encoded = {"plans": [([1], [1]), ([2], [1])], "renamed": [([3], [1])]}
+    assert [ex for _, ex in phase_examples(sft.phases, encoded)] == [
+        [([1], [1]), ([2], [1]), ([3], [1])], [([1], [1]), ([2], [1])]]
+    for bad, says in (("[plans, renamd]", "'renamd' is neither a demo-set name (plans, renamed)"),
+                      ("[]", "an empty list")):
+        with pytest.raises(ConfigError) as e:
+            load_sft_recipe(recipe, [f"sft.phases=[{{data: {bad}, steps: 2, lr: 1.0e-3}}]"])
+        assert says in " ".join(e.value.problems), e.value.problems
+
+
 def test_sft_that_continues_a_missing_model_stops_before_playing_any_demonstration(tmp_path):
     """Stage 2 of the BabyAI warm start continues stage 1's model: without it, the run names the folder and the fix
     before any server starts or any work folder is written."""
