@@ -41,6 +41,11 @@ class TokenizerBuildConfig(Section):
     """Upper bound on the vocabulary (256 bytes + merges + special tokens)."""
     min_frequency: int = Field(2, ge=1)
     """A merge needs a pair seen this often."""
+    environment_words: bool = False
+    """Make every word the environment shows (in user and tool turns, seen `min_frequency` times, and not in the
+    system turn) one token with its leading space, added beside the merges. A name is then the same tokens wherever
+    it appears (goal line, crafting list, an answer, the policy's own action), so copying it is copying tokens; merges
+    that span spaces would spell it differently by context."""
 
 
 class DemoSetConfig(Section):

@@ -192,7 +192,8 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
         tokenizer = build_tokenizer([t for rows in phase_data.values() for t in rows],
                                     vocab_size=sft.tokenizer.vocab_size, min_frequency=sft.tokenizer.min_frequency,
                                     model_max_length=sft.scratch_model.max_position_embeddings,
-                                    enable_thinking=recipe.rollout.enable_thinking)
+                                    enable_thinking=recipe.rollout.enable_thinking,
+                                    environment_words=sft.tokenizer.environment_words)
         problems = check_tokenizer(tokenizer)
         if problems:
             raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))

@@ -9,6 +9,9 @@ Choices, and why:
   to copy operands and tool results.
 - No pre-tokenizer regex: merges may span spaces and punctuation, so the long, repeated tool-schema text of the system
   turn compresses into a few tokens (the prompt stays short, which is what makes CPU training fast).
+- Optionally (`environment_words`), every word the environment shows is one added token with its leading space, so
+  that an item's name is the same tokens in the observation and in the policy's action (BabyAI's and TextCraft's
+  policies copy names); the system turn's words are left to the merges, which keep it short.
 - It is trained on fully rendered transcripts (chat template applied, tool schemas included), i.e. on exactly the
   text the model will see.
 
@@ -18,6 +21,8 @@ What it leaves out: any claim to be a general-purpose tokenizer. Text unlike the
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from typing import Any, Iterable, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -26,6 +31,7 @@ from transformers import PreTrainedTokenizerFast
 from rlfactory.models.tokenizer import attach_chat_template
 
 logger = logging.getLogger(__name__)
+_WORD = re.compile(r"(?<= )[a-z]+")
 
 # Control tokens: special (skipped by `decode(skip_special_tokens=True)`), as in Qwen3.
 CONTROL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -83,17 +89,31 @@ def _template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any
     return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
 
 
+def environment_words_of(transcripts: Sequence[dict[str, Any]], system_turn: str, min_count: int = 2) -> list[str]:
+    """Words (runs of lowercase letters after a space) of the user and tool turns, seen `min_count` times, that the
+    rendered `system_turn` does not contain; sorted."""
+    counts: Counter[str] = Counter()
+    for t in transcripts:
+        for m in t["messages"]:
+            if m.get("role") in ("user", "tool"):
+                counts.update(_WORD.findall(m.get("content") or ""))
+    in_system = set(re.findall(r"[a-z]+", system_turn))
+    return sorted(w for w, n in counts.items() if n >= min_count and w not in in_system)
+
+
 def build_tokenizer(
     transcripts: Sequence[dict[str, Any]],
     vocab_size: int = 640,
     model_max_length: int = 1024,
     min_frequency: int = 2,
     enable_thinking: bool = False,
+    environment_words: bool = False,
 ) -> Any:
     """Train the tokenizer on rendered transcripts and return it as a `PreTrainedTokenizerFast`.
 
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
-    times, so the result may be smaller.
+    times, so the result may be smaller. `environment_words`: the words of `environment_words_of` are added as
+    whole tokens, each with its leading space, beyond `vocab_size`.
     """
     if not transcripts:
         raise ValueError("build_tokenizer needs at least one transcript to train on")
@@ -108,6 +128,12 @@ def build_tokenizer(
         show_progress=False,
     )
     base.train_from_iterator(texts, trainer=trainer)
+    if environment_words:
+        system_turn = texts[0].split("<|im_start|>user", 1)[0]
+        words = environment_words_of(transcripts, system_turn, min_frequency)
+        # Matched in the raw text before the merges, longest first: " redstone" is one token, not " red" + "stone".
+        base.add_tokens([AddedToken(" " + w, special=False, normalized=False) for w in words])
+        logger.info("tokenizer: %d environment words as whole tokens", len(words))
     hf = _wrap(base, model_max_length)
     lengths = [len(hf(t, add_special_tokens=False)["input_ids"]) for t in texts[:256]]
     logger.info("tokenizer: vocab %d, transcript length %.1f tokens on average (%d sampled)",

@@ -181,6 +181,34 @@ def test_sft_section_names_what_an_environment_demo_set_lacks():
         play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[0].styles))
 
 
+def test_environment_words_spell_a_name_the_same_wherever_it_appears(tmp_path):
+    """`sft.tokenizer.environment_words`: every word of the environment's turns is one token with its leading space,
+    so the goal line, the crafting list, the server's answer and the policy's action spell an item with the same ids;
+    the system turn keeps its merges; text round-trips, also through a saved and reloaded tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer, render_transcripts
+
+    demos, _, _ = play("textcraft", rows("textcraft_agentgym_train.jsonl", 24), {"ask": 1.0}, max_turns=12)
+    plain = build_tokenizer(demos, vocab_size=700)
+    tok = build_tokenizer(demos, vocab_size=700, environment_words=True)
+    assert check_tokenizer(tok) == [] and len(tok) > len(plain)
+    name = actions(demos[0])[0].removeprefix("get 1 ")  # the goal, got first in style ask
+    ids = tok.encode(" " + name, add_special_tokens=False)
+    assert len(ids) == len(name.split()) and all(i >= 700 for i in ids)  # one added token per word
+    reset_obs, answer = demos[0]["messages"][2]["content"], demos[0]["messages"][4]["content"]
+    for text in (reset_obs, answer, demos[0]["messages"][3]["content"]):  # goal line and list, answer, the action
+        assert name in text
+        full = tok.encode(text, add_special_tokens=False)
+        assert any(full[i:i + len(ids)] == ids for i in range(len(full))), text
+        assert tok.decode(full) == text
+    system_turn = render_transcripts(tok, demos[:1])[0].split("<|im_start|>user", 1)[0]
+    assert len(tok.encode(system_turn)) == len(plain.encode(system_turn))
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again.encode(reset_obs, add_special_tokens=False) == tok.encode(reset_obs, add_special_tokens=False)
+
+
 def test_a_phase_draws_from_every_demo_set_it_names():
     """`sft.phases.N.data` may list demo sets (and files): the phase trains on their union; an unknown name or an
     empty list is refused when the recipe loads."""
