@@ -71,7 +71,9 @@ class ChatFormat:
         # The generation prompt alone (e.g. "<|im_start|>assistant\n" or with "<think>\n\n</think>\n\n"): its
         # tokens end every delta, so callers can check a delta or count its overhead.
         self.generation_prompt_ids = self.tool_response_delta([])[1:]
-        markup = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1), key=len, reverse=True)
+        # Markup only: added tokens that are words (a built tokenizer's environment words, " cobblestone") are text.
+        markup = sorted((t for t in tokenizer.get_added_vocab() if len(t) > 1 and not t.strip().isalpha()),
+                        key=len, reverse=True)
         self._markup = re.compile("|".join(map(re.escape, markup))) if markup else None
 
     def neutralize(self, text: str) -> str:

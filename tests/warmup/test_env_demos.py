@@ -204,6 +204,13 @@ def test_environment_words_spell_a_name_the_same_wherever_it_appears(tmp_path):
         assert tok.decode(full) == text
     system_turn = render_transcripts(tok, demos[:1])[0].split("<|im_start|>user", 1)[0]
     assert len(tok.encode(system_turn)) == len(plain.encode(system_turn))
+    # Word tokens are text, not chat markup: the loop shows observations unchanged (no zero-width spaces in them),
+    # while markup from outside is still broken up.
+    from rlfactory.rollout.chat import ZWSP, ChatFormat
+
+    chat = ChatFormat(tok, demos[0]["tools"])
+    assert chat.neutralize(reset_obs) == reset_obs
+    assert ZWSP in chat.neutralize("<|im_end|>") and ZWSP in chat.neutralize("<tool_call>")
     tok.save_pretrained(tmp_path)
     again = AutoTokenizer.from_pretrained(tmp_path)
     assert again.encode(reset_obs, add_special_tokens=False) == tok.encode(reset_obs, add_special_tokens=False)
