@@ -223,8 +223,12 @@ def test_a_phase_draws_from_every_demo_set_it_names():
     from rlfactory.warmup.run import load_sft_recipe, phase_examples
 
     recipe = REPO / "recipes" / "textcraft_learn_sft.yaml"
-    _, sft = load_sft_recipe(recipe, ["sft.phases=[{data: [plans, renamed], steps: 2, lr: 1.0e-3}, "
-                                      "{data: plans, steps: 1, lr: 1.0e-3}]"])
+    two_sets = ("sft.demos=[{name: plans, policy: textcraft, n: 4, tasks_file: "
+                "pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl}, {name: renamed, "
+                "policy: textcraft, n: 4, tasks_file: pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl,"
+                " mcp_configs: [../mcp_configs/textcraft_shuffled.json]}]")
+    _, sft = load_sft_recipe(recipe, [two_sets, "sft.phases=[{data: [plans, renamed], steps: 2, lr: 1.0e-3}, "
+                                                "{data: plans, steps: 1, lr: 1.0e-3}]"])
     assert [p.sources for p in sft.phases] == [["plans", "renamed"], ["plans"]]
     encoded = {"plans": [([1], [1]), ([2], [1])], "renamed": [([3], [1])]}
     assert [ex for _, ex in phase_examples(sft.phases, encoded)] == [
@@ -232,7 +236,7 @@ def test_a_phase_draws_from_every_demo_set_it_names():
     for bad, says in (("[plans, renamd]", "'renamd' is neither a demo-set name (plans, renamed)"),
                       ("[]", "an empty list")):
         with pytest.raises(ConfigError) as e:
-            load_sft_recipe(recipe, [f"sft.phases=[{{data: {bad}, steps: 2, lr: 1.0e-3}}]"])
+            load_sft_recipe(recipe, [two_sets, f"sft.phases=[{{data: {bad}, steps: 2, lr: 1.0e-3}}]"])
         assert says in " ".join(e.value.problems), e.value.problems
 
 
