@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlfactory.errors import ConfigError
-from rlfactory.models.folder import model_config, model_folder_problem
+from rlfactory.models.folder import read_model_config
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems
@@ -143,11 +143,11 @@ def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: lis
         msg = (f"model.path: folder not found: {r.model.path} (rlfactory does not download models; put a Hugging Face "
                f"model folder there or pass --set model.path=DIR)")
         (errors if for_training else warnings).append(msg)
-    elif (problem := model_folder_problem(model_dir)) is not None:
-        errors.append(f"model.path: {problem}")
     else:
-        limit = model_config(model_dir).get("max_position_embeddings")
-        if isinstance(limit, int) and r.rollout.max_context_tokens > limit:
+        config, problem = read_model_config(model_dir)
+        if problem is not None:
+            errors.append(f"model.path: {problem}")
+        elif isinstance(limit := config.get("max_position_embeddings"), int) and r.rollout.max_context_tokens > limit:
             errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
                           f"model's max_position_embeddings ({limit}) in {model_dir / 'config.json'}")
     tok = r.tokenizer.path

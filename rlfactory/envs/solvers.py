@@ -62,7 +62,7 @@ def textcraft_plan(observation: str, style: str = "plan") -> list[str]:
         if item not in recipes:
             # `ask` gets the count its recipe line says (nothing to subtract), `plan` what is short.
             actions.append(f"get {need if style == 'ask' else short} {item}")
-            have[item] = have.get(item, 0) + need if style == "ask" else need
+            have[item] = (have.get(item, 0) + need) if style == "ask" else need
             return
         out_n, inputs = recipes[item]
         times = math.ceil(short / out_n)

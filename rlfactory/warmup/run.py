@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
-from rlfactory.models.folder import model_folder_problem
+from rlfactory.models.folder import read_model_config
 from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer, load_tokenizer_from
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
@@ -170,7 +170,7 @@ def _check_init(recipe: Recipe, sft: SFTConfig) -> None:
     """`init: model` continues the recipe's model: it must be there before any demonstration is played."""
     if sft.init != "model" or is_tiny_random(recipe):
         return
-    problem = model_folder_problem(recipe.model.path)
+    _, problem = read_model_config(recipe.model.path)
     if problem is not None:
         raise ConfigError(f"sft.init is `model`, so model.path must be a model folder ({problem}): make that model "
                           "first (the recipe's comments name the command), or set sft.init: scratch",
