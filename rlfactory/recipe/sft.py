@@ -149,6 +149,9 @@ class SFTConfig(Section):
     """Seed for initialisation, demonstrations' order and batches."""
     torch_threads: int = Field(1, ge=1)
     """torch CPU threads (1 measured fastest on a 2-core machine)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where training and the check run: `auto` is a GPU when torch sees one, else the CPU. The folder is the same
+    either way (bf16 weights); a GPU run is not bit-identical to a CPU run of the same recipe."""
     work_dir: str = "runs/sft"
     """Where demonstrations and the run's log go (relative to the working directory)."""
     check: SFTCheckConfig = Field(default_factory=SFTCheckConfig)

@@ -96,7 +96,7 @@ async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, to
     tasks = load_tasks(check_tasks_file(recipe, cfg), recipe.data, limit=cfg.tasks)
     chat = ChatFormat.for_rollout(tokenizer, manager.openai_schemas(), recipe.rollout)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=chat.stop_token_ids,
-                      tokenizer=tokenizer, device="cpu")
+                      tokenizer=tokenizer, device=next(model.parameters()).device)
     try:
         loop = AgentLoop(engine, manager, chat, recipe.rollout)
         sampling = loop.default_sampling().model_copy(update={"temperature": cfg.temperature})

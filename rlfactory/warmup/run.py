@@ -4,8 +4,8 @@ The recipe is an ordinary training recipe (model, data, tools, rollout) plus an 
 warm-up writes an HF model folder that a GRPO recipe can start from (`model.path`), and before finishing it rolls
 the model out through the real tools on validation tasks and says whether it is a usable start for GRPO.
 
-Left out: distributed or GPU-scale SFT (this is a warm-up for small models; large models come warm from their
-authors), and packing several transcripts into one sequence.
+It trains on the CPU or one GPU (`sft.device`). Left out: distributed SFT (this is a warm-up for small models; large
+models come warm from their authors), and packing several transcripts into one sequence.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
+from rlfactory.models.devices import resolve_device
 from rlfactory.models.folder import read_model_config
 from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer, load_tokenizer_from
 from rlfactory.models.tiny import build_tiny_qwen3
@@ -141,6 +142,7 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
 
 
 def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
+    """The model to train, in float32 on the CPU (`run_sft` moves it to `sft.device`)."""
     if sft.init == "model" and is_tiny_random(recipe):
         model = build_tiny_random(recipe, "float32", "cpu")
     elif sft.init == "model":
@@ -200,7 +202,8 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
     else:
         # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
         tokenizer = load_tokenizer(recipe)
-    model = _build_model(recipe, sft, tokenizer)
+    device = resolve_device(sft.device)
+    model = _build_model(recipe, sft, tokenizer).to(device)
     n_params = sum(p.numel() for p in model.parameters())
 
     # Tools as the policy will see them: from any transcript (demos carry them), else from the servers.
@@ -214,6 +217,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
     prompt_tokens = sum(prompt_lengths) / len(prompt_lengths)
     if progress:
         progress("model", {"parameters": n_params, "vocab": len(tokenizer), "prompt_tokens": prompt_tokens,
+                           "device": str(device),
                            "transcript_tokens_mean": sum(lengths) / len(lengths),
                            "steps": sum(p.steps for p in sft.phases)})
 
@@ -233,6 +237,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
         "steps": len(history), "train_s": train_s, "total_s": time.perf_counter() - t_start,
         "loss_first": history[0]["loss"], "loss_last": sum(r["loss"] for r in history[-20:]) / min(20, len(history)),
         "phases": [p.model_dump() for p in sft.phases], "torch_threads": sft.torch_threads, "seed": sft.seed,
+        "device": str(device),
         "check": {}, "made_by": f"rlfactory sft {_shown(recipe.source)}",
     }
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -262,7 +267,7 @@ async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokeniz
     if not (sft.check.tasks and check_tasks_file(recipe, sft.check)):
         return {}
     if model is None:
-        model = load_model(sft.output_dir, dtype="float32", device="cpu")
+        model = load_model(sft.output_dir, dtype="float32", device=resolve_device(sft.device))
         tokenizer = load_tokenizer_from(sft.output_dir, field="sft.output_dir")
     async with ToolManager.from_recipe(recipe.tools) as manager:
         check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)

@@ -105,6 +105,7 @@ def train_phases(
     """Run the phases in order (a fresh AdamW per phase, linear warm-up then a constant rate); returns one metrics
     dict per step (`phase`, `step`, `loss`, `lr`, `grad_norm`, `tokens`, `time_s`)."""
     rng = random.Random(seed)
+    device = next(model.parameters()).device  # batches go where the model is
     history: list[dict[str, Any]] = []
     model.train()
     step = 0
@@ -125,7 +126,7 @@ def train_phases(
                     rng.shuffle(order)
                 picked.append(examples[order.pop()])
             t0 = time.perf_counter()
-            loss, n_tokens = policy_token_loss(model, *_batch(picked, pad_id))
+            loss, n_tokens = policy_token_loss(model, *(t.to(device) for t in _batch(picked, pad_id)))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
@@ -145,7 +146,7 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, dtype: str = "bf
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Cast a copy so the caller's float32 training weights stay as they are.
-    to_save = copy.deepcopy(model).to(getattr(torch, dtype))
+    to_save = copy.deepcopy(model).to(device="cpu", dtype=getattr(torch, dtype))
     to_save.config.dtype = dtype
     to_save.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

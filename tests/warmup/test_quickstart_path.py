@@ -198,7 +198,7 @@ def test_sft_command_writes_a_loadable_model_folder(tmp_path):
            "--set", "sft.phases=[{data: tool_use, steps: 6, lr: 3.0e-3}, {data: mostly_direct, steps: 3, lr: 1.0e-3}]",
            "--set", "sft.batch_size=4",
            "--set", "sft.scratch_model.hidden_size=64", "--set", "sft.scratch_model.num_hidden_layers=1",
-           "--set", "sft.check.tasks=6", "--set", f"sft.work_dir={tmp_path / 'work'}"]
+           "--set", "sft.check.tasks=6", "--set", f"sft.work_dir={tmp_path / 'work'}", "--set", "sft.device=cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
     # Nine steps cannot make a usable start: the command says so and exits 2 (a user error would be 1).
     assert proc.returncode in (0, 2), proc.stdout + proc.stderr
@@ -208,17 +208,18 @@ def test_sft_command_writes_a_loadable_model_folder(tmp_path):
         assert (out / name).exists(), name
     summary = json.loads((out / "sft_summary.json").read_text())
     assert summary["steps"] == 9 and summary["check"]["trajectories"] == 6
+    assert summary["device"] == "cpu"
     assert len((tmp_path / "work" / "demos" / "tool_use.jsonl").read_text().splitlines()) == 64
 
 
 def test_sft_command_reports_every_problem_of_a_bad_section(tmp_path):
     recipe = _tiny_sft_recipe(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "rlfactory.cli", "sft", str(recipe), "--set", "sft.batch_size=0",
-                           "--set", "sft.phases.0.data=nowhere", "--set", "sft.typo=1"],
+                           "--set", "sft.phases.0.data=nowhere", "--set", "sft.typo=1", "--set", "sft.device=tpu"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert proc.returncode == 1
     err = proc.stderr
-    assert "sft.batch_size" in err and "sft.typo" in err and "Traceback" not in err
+    assert "sft.batch_size" in err and "sft.typo" in err and "sft.device" in err and "Traceback" not in err
 
 
 def test_demos_command_writes_transcripts(tmp_path):
