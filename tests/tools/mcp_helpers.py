@@ -38,6 +38,27 @@ def child_pids() -> set[int]:
     return out
 
 
+def leftover_children(before: set[int], limit_s: float = 30.0) -> dict[int, str]:
+    """Descendants started since `before` that are still alive, with their command lines; {} when none.
+
+    A server being stopped (stdin closed, then SIGTERM, then SIGKILL) can outlive the close that stopped it by a
+    moment on a loaded machine. So this waits, up to `limit_s`, for the new ones to go: a process that has leaked
+    stays past any wait, and one on its way out does not fail a test because the machine is busy."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        extra = child_pids() - before
+        if not extra or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    out = {}
+    for pid in extra:
+        try:
+            out[pid] = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            pass
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

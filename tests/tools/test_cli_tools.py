@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcp_helpers import child_pids, toolbox_entry, write_config
+from mcp_helpers import child_pids, leftover_children, toolbox_entry, write_config
 
 BIN = Path(sys.executable).parent / "rlfactory"
 
@@ -39,7 +39,7 @@ def test_setup_mcp_json_report_with_embedded_cache(toolbox_cfg):
     assert server["probe"]["ok"] and server["probe"]["tool"] in {"add", "echo", "slow_add"}
     assert server["startup_s"] > 0 and server["server_info"]["name"] == "toolbox"
     assert report["cache"]["backend"] == "embedded" and report["cache"]["ok"]
-    assert child_pids() <= before
+    assert not leftover_children(before)
 
 
 def test_setup_mcp_reports_an_unhealthy_server(tmp_path):

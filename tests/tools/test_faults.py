@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from mcp_helpers import HttpToolbox, alive, child_pids, toolbox_entry, write_config
+from mcp_helpers import HttpToolbox, alive, child_pids, leftover_children, toolbox_entry, write_config
 
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.manager import ToolManager
@@ -38,7 +38,8 @@ async def wait_until(predicate, what: str, limit_s: float = 60.0) -> None:
 def no_leftovers():
     before = child_pids()
     yield
-    assert child_pids() <= before, "tool server processes left running"
+    left = leftover_children(before)
+    assert not left, f"tool server processes left running: {left}"
 
 
 async def test_kill_9_during_calls_fails_them_and_the_server_restarts(tmp_path, no_leftovers):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import pytest_asyncio
-from mcp_helpers import HttpToolbox, alive, child_pids, toolbox_entry, write_config
+from mcp_helpers import HttpToolbox, alive, child_pids, leftover_children, toolbox_entry, write_config
 
 from rlfactory.recipe.tools import CacheConfig
 from rlfactory.tools.cache.base import CACHE_URL_ENV
@@ -142,7 +142,7 @@ async def test_sessions_spread_calls_and_close_leaves_no_children(tmp_path):
         seen = {(await tm.call(call("pid"))).text for _ in range(4)}
         assert {int(p) for p in seen} == pids
     assert not any(alive(p) for p in pids)
-    assert child_pids() <= before
+    assert not leftover_children(before)
 
 
 async def test_a_huge_output_is_cut_at_the_manager_and_says_so(tmp_path):
