@@ -12,8 +12,9 @@ and its own tool server, so on 2 cores each has about one core. Validation is th
 (`data.val_file`), one greedy episode each; success is pass@1 (the recipe's reward is the environment's success).
 Reported per environment, averaged over the seeds: `<env>_success_warm`, `<env>_success_trained`,
 `<env>_success_rise` (goal >= 0.2) and `<env>_grpo_minutes` (the training run's own wall time, the largest over the
-seeds; goal <= 15), with per-seed figures and what the policy does before and after (mean turns per episode; for
-BabyAI, the share of first actions that are AgentGym macros). `--png` (default next to the JSON) plots training
+seeds; goal <= 15), with per-seed figures and what the policy does before and after (mean turns per episode; the
+share of first actions in the style GRPO is expected to bring back: for BabyAI, AgentGym macros; for TextCraft, a
+`get` of the goal itself, which asks for its crafting command). `--png` (default next to the JSON) plots training
 reward against wall-clock minutes.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = {"babyai": REPO / "recipes" / "babyai_learn.yaml", "textcraft": REPO / "recipes" / "textcraft_learn.yaml"}
 _MACROS = ("go to ", "pickup ", "toggle and go through ", "go through ")
+_GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.M)
+STYLE = {"babyai": "macro", "textcraft": "asks_goal"}  # per env: the first-action style reported
 
 
 def _run(cmd: list[str], log: Path) -> float:
@@ -48,24 +52,34 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def behaviour(eval_dir: Path) -> dict[str, float]:
-    """Mean turns per episode and the share of first actions that are macros, from an eval's transcripts."""
+def _first_action_is_style(env: str, row: dict[str, Any]) -> bool:
+    """BabyAI: the first action is an AgentGym macro. TextCraft: it is a `get` of the goal (which the environment
+    answers with the goal's crafting command), not of an ingredient or of another item."""
+    action = str((row["tool_calls"][0].get("arguments") or {}).get("action", "")) if row["tool_calls"] else ""
+    if env == "babyai":
+        return action.startswith(_MACROS)
+    goal = next((m.group(1) for msg in row.get("messages", []) if msg.get("role") in ("user", "tool")
+                 for m in [_GOAL.search(str(msg.get("content", "")))] if m), None)
+    return goal is not None and re.fullmatch(rf"get \d+ {re.escape(goal)}", action.strip().lower()) is not None
+
+
+def behaviour(eval_dir: Path, env: str) -> dict[str, float]:
+    """Mean turns per episode and the share of first actions in the env's `STYLE`, from an eval's transcripts."""
     rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
-    firsts = [(r["tool_calls"][0].get("arguments") or {}).get("action", "") for r in rows if r["tool_calls"]]
     turns = [sum(1 for m in r.get("messages", []) if m.get("role") == "assistant") for r in rows]
+    share = sum(_first_action_is_style(env, r) for r in rows) / len(rows) if rows else 0.0
     return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0,
-            "first_action_macro_share": round(sum(str(a).startswith(_MACROS) for a in firsts) / len(rows), 3)
-            if rows else 0.0}
+            f"first_action_{STYLE[env]}_share": round(share, 3)}
 
 
-def evaluate(recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out)]
     if checkpoint is not None:
         cmd += ["--checkpoint", str(checkpoint)]
     out.mkdir(parents=True, exist_ok=True)
     seconds = _run(cmd, out / "eval.log")
     res = json.loads((out / "eval" / "eval.json").read_text())
-    return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out)}
+    return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out, env)}
 
 
 def train(recipe: Path, out: Path, seed: int, steps: int | None) -> dict[str, Any]:
@@ -132,18 +146,19 @@ def main() -> None:
     per_env: dict[str, list[dict[str, Any]]] = {}
     for env in envs:
         recipe = RECIPES[env]
-        warm = evaluate(recipe, work / env / "warm")
+        warm = evaluate(env, recipe, work / env / "warm")
+        share = f"first_action_{STYLE[env]}_share"
         print(f"{env}: warm start success {warm['success']:.3f} on {warm['tasks']} held-out tasks "
-              f"({warm['turns_mean']} turns, first-action macro share {warm['first_action_macro_share']})",
+              f"({warm['turns_mean']} turns, {share} {warm[share]})",
               flush=True)
 
-        def one_seed(seed: int, recipe: Path = recipe, env: str = env, warm: dict[str, Any] = warm) -> dict[str, Any]:
+        def one_seed(seed: int, recipe: Path = recipe, env: str = env, warm: dict[str, Any] = warm,
+                     share: str = share) -> dict[str, Any]:
             tr = train(recipe, work / env / f"train-seed{seed}", seed, args.steps)
-            after = evaluate(recipe, work / env / f"eval-seed{seed}", tr.pop("checkpoint"))
+            after = evaluate(env, recipe, work / env / f"eval-seed{seed}", tr.pop("checkpoint"))
             print(f"{env} seed {seed}: GRPO {tr['steps']} steps in {tr['grpo_minutes']:.1f} min (reward "
                   f"{tr['reward_first5']:.2f} -> {tr['reward_last5']:.2f}); eval {warm['success']:.3f} -> "
-                  f"{after['success']:.3f} ({after['turns_mean']} turns, first-action macro share "
-                  f"{after['first_action_macro_share']})", flush=True)
+                  f"{after['success']:.3f} ({after['turns_mean']} turns, {share} {after[share]})", flush=True)
             return {"seed": seed, "success_warm": warm["success"], "success_trained": after["success"],
                     "success_rise": round(after["success"] - warm["success"], 4), "after": after, **tr}
 

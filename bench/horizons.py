@@ -1,6 +1,7 @@
 """ScalingInter-RL against fixed horizons: one environment, the same steps, three horizon schedules.
 
     python bench/horizons.py --json bench/results/horizons.json [--env babyai] [--steps 30] [--seed 0]
+                             [--schedules fixed_short,fixed_long,scaling_inter]
 
 Each schedule trains the environment's learning recipe (recipes/<env>_learn.yaml) from the same warm start for the
 same number of GRPO steps, with only `rollout.horizon` changed:
@@ -11,12 +12,14 @@ same number of GRPO steps, with only `rollout.horizon` changed:
 Then the commands a user runs evaluate the last checkpoint on the held-out tasks, greedy (`rlfactory eval`) and
 sampled (`rlfactory eval --k 4`, temperature 1). Reported per schedule:
 - `success`: greedy success rate (pass@1);
-- `turns_mean`: mean turns per greedy episode;
+- `turns_mean`: mean turns per greedy episode, and the share of greedy first actions in the style
+  bench/env_learning.py reports for the environment (BabyAI: macros; TextCraft: a `get` of the goal);
 - `distinct_sequences_per_task`: of 4 sampled episodes per task, how many distinct action sequences (1 = the policy
   collapsed onto one behaviour, 4 = all differ);
 - `reward_best` / `reward_last5` and `collapsed`: whether the training reward (5-step mean, full windows) fell more
   than 0.2 below its best;
 - `grpo_minutes`.
+`--schedules` runs some of the three (e.g. one per process, side by side on a machine with the cores for it).
 This is a measurement, not a pass/fail test; docs/environments.md says what it shows beside the paper's claim.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_learning import RECIPES, _run, evaluate  # noqa: E402
+from env_learning import RECIPES, STYLE, _run, evaluate  # noqa: E402
 
 
 def schedules(recipe: Path) -> dict[str, dict[str, Any]]:
@@ -69,11 +72,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per schedule (default: the recipe's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--schedules", default="fixed_short,fixed_long,scaling_inter",
+                    help="which schedules to run, comma-separated (default: all three)")
     args = ap.parse_args()
     recipe = RECIPES[args.env]
+    every = schedules(recipe)
+    chosen = [n for n in args.schedules.split(",") if n]
+    unknown = [n for n in chosen if n not in every]
+    if unknown or not chosen:
+        raise SystemExit(f"--schedules {args.schedules!r}: use some of {', '.join(every)}")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="horizons_"))
     result: dict[str, Any] = {"env": args.env, "seed": args.seed, "schedules": {}}
-    for name, horizon in schedules(recipe).items():
+    for name, horizon in ((n, every[n]) for n in chosen):
         out = work / name
         cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(recipe), "--output-dir", str(out / "train"),
                "--set", f"trainer.seed={args.seed}", "--set", f"rollout.horizon={json.dumps(horizon)}"]
@@ -85,13 +95,15 @@ def main() -> None:
         rewards = [r["reward/mean"] for r in rows]
         smooth = five_step_means(rewards)
         checkpoint = sorted((out / "train" / "checkpoints").glob("step_*"))[-1]
-        greedy = evaluate(recipe, out / "greedy", checkpoint)
+        greedy = evaluate(args.env, recipe, out / "greedy", checkpoint)
         sampled_dir = out / "sampled"
         sampled_dir.mkdir(exist_ok=True)
         _run([sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--checkpoint", str(checkpoint),
               "--k", "4", "--output-dir", str(sampled_dir)], sampled_dir / "eval.log")
         summary = json.loads((out / "train" / "summary.json").read_text())
+        share = f"first_action_{STYLE[args.env]}_share"
         row = {"horizon": horizon, "success": greedy["success"], "turns_mean": greedy["turns_mean"],
+               share: greedy[share],
                "distinct_sequences_per_task": distinct_sequences(sampled_dir),
                "reward_best": round(max(smooth), 3), "reward_last5": round(smooth[-1], 3),
                "collapsed": bool(max(smooth) - smooth[-1] > 0.2), "grpo_minutes": round(summary["wall_s"] / 60, 2),

@@ -1,8 +1,10 @@
 """bench/horizons.py's collapse flag: the training reward's 5-step means over full windows only. A first batch that
-happened to score well (one step, not a trend) must not count as the best the run reached."""
+happened to score well (one step, not a trend) must not count as the best the run reached. And bench/env_learning.py's
+behaviour figures, read from an eval's transcripts."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -41,3 +43,31 @@ def test_a_real_fall_is_seen(horizons):
 def test_short_runs_have_one_mean(horizons):
     assert horizons.five_step_means([0.2, 0.4]) == [pytest.approx(0.3)]
     assert horizons.five_step_means([]) == [0.0]
+
+
+def _eval_rows(tmp_path: Path, rows: list[dict]) -> Path:
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def _episode(first_message: str, actions: list[str]) -> dict:
+    return {"tool_calls": [{"name": "step", "arguments": {"action": a}} for a in actions],
+            "messages": [{"role": "system", "content": "You craft items."}, {"role": "user", "content": first_message}]
+            + [{"role": "assistant", "content": ""} for _ in actions]}
+
+
+def test_textcraft_first_action_style_is_a_get_of_the_goal_itself(horizons, tmp_path):
+    """bench/env_learning.py's TextCraft behaviour figure: a first action that asks for the goal (`get N <goal>`),
+    read from the reset observation's goal line; a get of an ingredient, of a longer name or a craft is not."""
+    import env_learning
+
+    obs = "Crafting commands:\ncraft 6 stone slab using 3 stone\n\nGoal: craft {}."
+    rows = [_episode(obs.format("stone slab"), ["get 1 stone slab", "get 3 stone"]),   # asks
+            _episode(obs.format("stone slab"), ["get 3 stone", "craft 6 stone slab using 3 stone"]),
+            _episode(obs.format("slab"), ["get 1 stone slab"]),                       # another item's name
+            _episode(obs.format("stone slab"), ["craft 1 stone slab using 3 stone"])]
+    got = env_learning.behaviour(_eval_rows(tmp_path, rows), "textcraft")
+    assert got == {"turns_mean": 1.5, "first_action_asks_goal_share": 0.25}
+    babyai = env_learning.behaviour(tmp_path, "babyai")
+    assert babyai["first_action_macro_share"] == 0.0  # none of these starts with an AgentGym macro

@@ -240,13 +240,14 @@ def test_a_phase_draws_from_every_demo_set_it_names():
         assert says in " ".join(e.value.problems), e.value.problems
 
 
-def test_sft_that_continues_a_missing_model_stops_before_playing_any_demonstration(tmp_path):
-    """Stage 2 of the BabyAI warm start continues stage 1's model: without it, the run names the folder and the fix
+@pytest.mark.parametrize("env", ["babyai", "textcraft"])
+def test_sft_that_continues_a_missing_model_stops_before_playing_any_demonstration(tmp_path, env):
+    """Stage 2 of each warm start continues stage 1's model: without it, the run names the folder and the fix
     before any server starts or any work folder is written."""
     from rlfactory.errors import ConfigError
     from rlfactory.warmup.run import load_sft_recipe, run_sft
 
-    recipe, sft = load_sft_recipe(REPO / "recipes" / "babyai_learn_sft.yaml", [
+    recipe, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml", [
         f"model.path={tmp_path / 'stage1'}", f"sft.work_dir={tmp_path / 'work'}",
         f"sft.output_dir={tmp_path / 'out'}"])
     assert sft.init == "model"
