@@ -37,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = {"babyai": REPO / "recipes" / "babyai_learn.yaml", "textcraft": REPO / "recipes" / "textcraft_learn.yaml"}
 _MACROS = ("go to ", "pickup ", "toggle and go through ", "go through ")
-_GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.M)
+_GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.MULTILINE)
 STYLE = {"babyai": "macro", "textcraft": "asks_goal"}  # per env: the first-action style reported
 
 
@@ -52,14 +52,26 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
+def share_key(env: str) -> str:
+    """The name of the env's first-action figure: `first_action_macro_share` (BabyAI), `..._asks_goal_share`."""
+    return f"first_action_{STYLE[env]}_share"
+
+
+def _goal(row: dict[str, Any]) -> str | None:
+    """The TextCraft goal named in the episode's reset observation."""
+    for msg in row.get("messages", []):
+        if msg.get("role") in ("user", "tool") and (m := _GOAL.search(str(msg.get("content", "")))):
+            return m.group(1)
+    return None
+
+
 def _first_action_is_style(env: str, row: dict[str, Any]) -> bool:
     """BabyAI: the first action is an AgentGym macro. TextCraft: it is a `get` of the goal (which the environment
     answers with the goal's crafting command), not of an ingredient or of another item."""
     action = str((row["tool_calls"][0].get("arguments") or {}).get("action", "")) if row["tool_calls"] else ""
     if env == "babyai":
         return action.startswith(_MACROS)
-    goal = next((m.group(1) for msg in row.get("messages", []) if msg.get("role") in ("user", "tool")
-                 for m in [_GOAL.search(str(msg.get("content", "")))] if m), None)
+    goal = _goal(row)
     return goal is not None and re.fullmatch(rf"get \d+ {re.escape(goal)}", action.strip().lower()) is not None
 
 
@@ -68,8 +80,7 @@ def behaviour(eval_dir: Path, env: str) -> dict[str, float]:
     rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
     turns = [sum(1 for m in r.get("messages", []) if m.get("role") == "assistant") for r in rows]
     share = sum(_first_action_is_style(env, r) for r in rows) / len(rows) if rows else 0.0
-    return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0,
-            f"first_action_{STYLE[env]}_share": round(share, 3)}
+    return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0, share_key(env): round(share, 3)}
 
 
 def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
@@ -147,7 +158,7 @@ def main() -> None:
     for env in envs:
         recipe = RECIPES[env]
         warm = evaluate(env, recipe, work / env / "warm")
-        share = f"first_action_{STYLE[env]}_share"
+        share = share_key(env)
         print(f"{env}: warm start success {warm['success']:.3f} on {warm['tasks']} held-out tasks "
               f"({warm['turns_mean']} turns, {share} {warm[share]})",
               flush=True)

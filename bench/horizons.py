@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_learning import RECIPES, STYLE, _run, evaluate  # noqa: E402
+from env_learning import RECIPES, _run, evaluate, share_key  # noqa: E402
 
 
 def schedules(recipe: Path) -> dict[str, dict[str, Any]]:
@@ -101,7 +101,7 @@ def main() -> None:
         _run([sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--checkpoint", str(checkpoint),
               "--k", "4", "--output-dir", str(sampled_dir)], sampled_dir / "eval.log")
         summary = json.loads((out / "train" / "summary.json").read_text())
-        share = f"first_action_{STYLE[args.env]}_share"
+        share = share_key(args.env)
         row = {"horizon": horizon, "success": greedy["success"], "turns_mean": greedy["turns_mean"],
                share: greedy[share],
                "distinct_sequences_per_task": distinct_sequences(sampled_dir),
