@@ -20,7 +20,8 @@ Reported:
 - `reward_gap`: last-5-step mean reward, sync minus async, averaged over the seeds (goal <= 0.05);
 - `straggler_throughput_ratio`: the same ratio on `straggler` (goal >= 2.5);
 - `max_staleness_seen`: the largest `async/staleness_token_max` of any async step (must not exceed k);
-and per run: step-time medians, idle seconds of trainer and generator, weight-push seconds, trajectories dropped.
+and per run: step-time medians, idle seconds of trainer and generator (medians, and totals: the trainer's split into
+waiting for groups and for the generator's update jobs), weight-push seconds, trajectories dropped.
 `--png` (default next to the JSON) plots reward against wall-clock time for both modes.
 """
 from __future__ import annotations
@@ -81,6 +82,9 @@ def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None) -> dict[
     if k:
         res.update({
             "trainer_idle_s_median": med("async/trainer_idle_s"),
+            "trainer_wait_groups_s_total": round(sum(r.get("async/trainer_wait_groups_s", 0.0) for r in rows), 2),
+            "trainer_wait_jobs_s_total": round(sum(r.get("async/trainer_wait_jobs_s", 0.0) for r in rows), 2),
+            "generator_idle_s_total": round(sum(r.get("async/generator_idle_s", 0.0) for r in rows), 2),
             "generator_idle_s_median": med("async/generator_idle_s"),
             "weight_push_s_median": med("async/weight_push_s"),
             "weight_load_s_median": med("async/weight_load_s"),

@@ -115,6 +115,8 @@ class RewardSet:
         async with limit:
             if fn.is_async:
                 value = await fn.func(**kwargs)
+            elif fn.inline:
+                value = fn.func(**kwargs)
             else:
                 # Off the event loop: a slow sync reward must not stall rollouts or judges in flight.
                 value = await asyncio.to_thread(fn.func, **kwargs)

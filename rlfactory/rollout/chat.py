@@ -61,6 +61,8 @@ class ChatFormat:
         self.system_prompt = system_prompt
         self.stop_at_tool_call_end = stop_at_tool_call_end
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._delta_tools: bool | None = None if self.tools else False
+        """Whether tool-turn deltas must be rendered with the tool schemas (None: not known until the first one)."""
         self.im_end_id = self._single_token_id(IM_END)
         self._im_end_text_len = len(IM_END)
         eot = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
@@ -120,9 +122,9 @@ class ChatFormat:
         return ids
 
     # ---- rendering -------------------------------------------------------------------------------------------
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, with_tools: bool = True) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if self.tools:
+        if self.tools and with_tools:
             kwargs["tools"] = self.tools
         return self.tokenizer.apply_chat_template(messages, enable_thinking=self.enable_thinking, **kwargs)
 
@@ -167,12 +169,22 @@ class ChatFormat:
             *({**m, "content": self.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
               for m in tool_messages),
         ]
-        text = self._render(dummy, add_generation_prompt=True)
+        suffix = self._delta_text(dummy, self._delta_tools is not False)
+        if self._delta_tools is None and tool_messages:
+            # Qwen-style templates render the tool schemas in the system turn only, so the text after the assistant
+            # turn is the same without them, and leaving them out is most of the rendering's cost (each tool turn
+            # of a rollout renders one). Checked once, on the first real tool turn.
+            self._delta_tools = self._delta_text(dummy, False) != suffix
+        start = 0 if not turn_closed else self._im_end_text_len
+        # <|im_end|> is a special token, so BPE never merges across it: tokenizing the suffix alone gives the same
+        # ids as tokenizing the whole rendering (tests/rollout/test_chat.py checks this).
+        return self.encode(suffix[start:])
+
+    def _delta_text(self, dummy: list[dict[str, Any]], with_tools: bool) -> str:
+        """The rendering of `dummy` from the `<|im_end|>` that closes its assistant turn on."""
+        text = self._render(dummy, add_generation_prompt=True, with_tools=with_tools)
         at = text.rfind(_DUMMY_ASSISTANT)
         close = text.find(IM_END, at) if at >= 0 else -1
         if close < 0:
             raise ValueError("the chat template does not close an assistant turn with <|im_end|>; use a Qwen3 template")
-        start = close if not turn_closed else close + self._im_end_text_len
-        # <|im_end|> is a special token, so BPE never merges across it: tokenizing the suffix alone gives the same
-        # ids as tokenizing the whole rendering (tests/rollout/test_chat.py checks this).
-        return self.encode(text[start:])
+        return text[close:]

@@ -251,7 +251,7 @@ class AsyncTrainer(LocalTrainer):
                 with timer("wait"):
                     await self._receive(0.05)
             if jobs is not None and jobs.close():
-                with timer("wait"):  # the jobs the generator took
+                with timer("wait_jobs"):  # the jobs the generator took
                     while not (jobs.posted(s) and s in self._parts):
                         await self._receive(0.01)
                 part = self._parts.pop(s)
@@ -296,7 +296,9 @@ class AsyncTrainer(LocalTrainer):
             "async/weight_push_s": timer.seconds.get("push", 0.0),
             "async/weight_load_s": delta("weight_load_s"),
             "async/weight_loads": delta("weight_loads"),
-            "async/trainer_idle_s": timer.seconds.get("wait", 0.0),
+            "async/trainer_idle_s": timer.seconds.get("wait", 0.0) + timer.seconds.get("wait_jobs", 0.0),
+            "async/trainer_wait_groups_s": timer.seconds.get("wait", 0.0),
+            "async/trainer_wait_jobs_s": timer.seconds.get("wait_jobs", 0.0),
             "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s") - delta("update_s")),
             "async/generator_gated_s": delta("gated_s"),
             **{f"async/{k}": delta(k) for k in ENGINE_COUNTERS.values()},

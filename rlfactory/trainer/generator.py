@@ -116,14 +116,19 @@ class GroupDropped:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def may_start(pushes: int, live: int, running: int, per_step: int, k: int) -> bool:
+def may_start(pushes: int, live: int, running: int, per_step: int, k: int, steps_left: int | None = None) -> bool:
     """Whether the generator may start another group: `pushes` weight versions published since it began, `live`
     groups started and not dropped, `running` of them still in flight. The staleness bound allows
-    (pushes + k + 1) * per_step live groups. Before the first push the trainer waits for the first step's groups
-    and has nothing else to do: they run alone, and the next step's start once they are all done (started
-    together, the first step's groups would share every decode step with the next ones and arrive about twice as
-    late; this took an asynchronous quickstart's first step from 2.9-4.1 s to 1.5 s)."""
+    (pushes + k + 1) * per_step live groups, and the run's length `steps_left` * per_step (`steps_left`: the
+    steps the trainer had left when the generator began; groups past the last step would never be trained, and
+    while the last step trains, the generator's idle core takes jobs of its update instead). Before the first
+    push the trainer waits for the first step's groups and has nothing else to do: they run alone, and the next
+    step's start once they are all done (started together, the first step's groups would share every decode step
+    with the next ones and arrive about twice as late; this took an asynchronous quickstart's first step from
+    2.9-4.1 s to 1.5 s)."""
     if pushes == 0 and live >= per_step and running > live - per_step:  # one of the first step's is still running
+        return False
+    if steps_left is not None and live >= steps_left * per_step:
         return False
     return live < (pushes + k + 1) * per_step
 
@@ -192,7 +197,8 @@ class Generator:
 
     def _allowed(self) -> bool:
         live = self.started - self.dropped - int(self.trainer_drops.value)
-        return may_start(self.weights.version - self.start_version, live, len(self.inflight), self.P, self.k)
+        return may_start(self.weights.version - self.start_version, live, len(self.inflight), self.P, self.k,
+                         steps_left=self.r.trainer.total_steps - self.start_version)
 
     async def run(self) -> None:
         import torch

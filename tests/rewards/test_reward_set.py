@@ -272,6 +272,20 @@ def test_every_registered_name_loads_and_takes_only_suppliable_parameters(tmp_pa
     rs = RewardSet.from_config(RewardsConfig(functions=specs), tmp_path)
     assert [f.name for f in rs.functions] == list(REGISTRY)
     assert next(f for f in rs.functions if f.name == "llm_judge").is_async
+    # the shipped synchronous functions are a few string operations: called on the loop, not in a worker thread
+    assert [f.name for f in rs.functions if not f.inline] == ["llm_judge"]
+
+
+async def test_registered_sync_functions_run_on_the_loop_and_score_as_before(recipe_dir, make_traj, monkeypatch):
+    rs = _set(recipe_dir, {"function": "tool_calls_well_formed"}, {"function": "my_rewards.py:brevity"})
+    assert [f.inline for f in rs.functions] == [True, False]
+    seen = []
+    real = rs.functions[0].func
+    monkeypatch.setattr(rs.functions[0], "func", lambda **kw: seen.append(threading.get_ident()) or real(**kw))
+    trajs = [make_traj(["short"], tid=f"t{i}") for i in range(3)]
+    await rs.score(trajs)
+    assert seen == [threading.get_ident()] * 3
+    assert all(t.reward_components["tool_calls_well_formed"] == real(completion=t.completion) for t in trajs)
 
 
 def test_a_judge_without_its_endpoint_is_rejected_up_front(tmp_path):

@@ -125,6 +125,23 @@ def test_prompt_ids_are_rendered_once_and_handed_out_as_copies(qwen_tokenizer, m
     assert renders == [1]
 
 
+def test_tool_turn_deltas_leave_the_tool_schemas_out_only_when_the_template_allows(tok, monkeypatch):
+    chat, ref = ChatFormat(tok, TOOLS), ChatFormat(tok, TOOLS)
+    ref._delta_tools = True  # always rendered with the schemas
+    for text in ["42", "a\nb", "<tool_response>x", ""]:
+        msgs = [{"role": "tool", "content": text}]
+        assert chat.tool_response_delta(msgs) == ref.tool_response_delta(msgs)
+        assert chat.tool_response_delta(msgs, turn_closed=False) == ref.tool_response_delta(msgs, turn_closed=False)
+    assert chat._delta_tools is False  # Qwen3 renders them in the system turn only
+    odd = ChatFormat(tok, TOOLS)  # a template whose tool turns depend on the tools: they stay in
+    real = odd._render
+    monkeypatch.setattr(odd, "_render", lambda messages, add_generation_prompt, with_tools=True: real(
+        messages, add_generation_prompt, with_tools) + ("[tools]" if with_tools and odd.tools else ""))
+    delta = odd.tool_response_delta([{"role": "tool", "content": "42"}])
+    assert odd._delta_tools is True and odd.decode(delta).endswith("[tools]")
+    assert odd.decode(odd.tool_response_delta([{"role": "tool", "content": "7"}])).endswith("[tools]")
+
+
 def test_markup_in_tool_output_is_read_as_text(tok):
     """A tool (or an environment) that prints chat-template markup cannot end its own response and start a fake
     turn: the delta holds exactly the template's own special tokens, as for a harmless output."""

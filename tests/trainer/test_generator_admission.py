@@ -26,3 +26,11 @@ def test_before_the_first_push_the_first_steps_groups_run_alone():
 
 def test_after_the_first_push_the_next_steps_groups_start_beside_running_ones():
     assert may_start(1, 5, running=3, per_step=4, k=1)
+
+
+def test_no_group_starts_past_the_runs_last_step():
+    P, k = 4, 1
+    assert may_start(29, 116, running=4, per_step=P, k=k, steps_left=30)  # the last step's groups
+    assert not may_start(29, 120, running=4, per_step=P, k=k, steps_left=30)  # the bound allows 124: none trains
+    assert may_start(29, 119, running=0, per_step=P, k=k, steps_left=30)  # a dropped group is made up for
+    assert not may_start(0, 0, running=0, per_step=P, k=k, steps_left=0)  # a resumed run that is already done
