@@ -20,8 +20,9 @@ Reported:
 - `reward_gap`: last-5-step mean reward, sync minus async, averaged over the seeds (goal <= 0.05);
 - `straggler_throughput_ratio`: the same ratio on `straggler` (goal >= 2.5);
 - `max_staleness_seen`: the largest `async/staleness_token_max` of any async step (must not exceed k);
-and per run: step-time medians, idle seconds of trainer and generator (medians, and totals: the trainer's split into
-waiting for groups and for the generator's update jobs), weight-push seconds, trajectories dropped.
+and per run: step-time medians, idle seconds of trainer and generator (medians, and totals; both over steps 2 on:
+the trainer's total split into waiting for groups and for the generator's update jobs), weight-push seconds,
+trajectories dropped.
 `--png` (default next to the JSON) plots reward against wall-clock time for both modes.
 """
 from __future__ import annotations
@@ -73,6 +74,9 @@ def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None) -> dict[
         vals = [r[key] for r in rows[1:] if r.get(key) is not None]
         return round(statistics.median(vals), 4) if vals else None
 
+    def total(key: str) -> float:
+        return round(sum(r.get(key, 0.0) for r in rows[1:]), 2)
+
     res = {"seed": seed, "k": k, "steps": len(rows), "wall_s": round(summary["wall_s"], 2),
            "process_s": round(process_s, 2), "first5": round(statistics.fmean(rewards[:5]), 4),
            "last5": round(statistics.fmean(rewards[-5:]), 4), "step_s_median": med("perf/step_s"),
@@ -82,9 +86,9 @@ def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None) -> dict[
     if k:
         res.update({
             "trainer_idle_s_median": med("async/trainer_idle_s"),
-            "trainer_wait_groups_s_total": round(sum(r.get("async/trainer_wait_groups_s", 0.0) for r in rows), 2),
-            "trainer_wait_jobs_s_total": round(sum(r.get("async/trainer_wait_jobs_s", 0.0) for r in rows), 2),
-            "generator_idle_s_total": round(sum(r.get("async/generator_idle_s", 0.0) for r in rows), 2),
+            "trainer_wait_groups_s_total": total("async/trainer_wait_groups_s"),
+            "trainer_wait_jobs_s_total": total("async/trainer_wait_jobs_s"),
+            "generator_idle_s_total": total("async/generator_idle_s"),
             "generator_idle_s_median": med("async/generator_idle_s"),
             "weight_push_s_median": med("async/weight_push_s"),
             "weight_load_s_median": med("async/weight_load_s"),
