@@ -11,8 +11,9 @@
 The generator runs its own copy of the policy, tool servers, AgentLoop and RewardSet, and keeps as many GRPO groups
 in flight as the staleness bound allows: group number i may start while
     started - dropped < (v - v0 + k + 1) * prompts_per_step
-where v is the newest published version and v0 the version this launch began at; before the first push the
-first step's groups run alone, and the next step's start once they are done (`may_start`). Groups consumed in
+where v is the newest published version and v0 the version this launch began at, and none past the run's last
+step; before the first push the first step's groups run alone, and the next step's start once they are done
+(`may_start`). Groups consumed in
 start order are then trained at most k versions after they started; a straggler the trainer skips past may not
 be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
 the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a
