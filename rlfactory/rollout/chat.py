@@ -175,7 +175,7 @@ class ChatFormat:
             # turn is the same without them, and leaving them out is most of the rendering's cost (each tool turn
             # of a rollout renders one). Checked once, on the first real tool turn.
             self._delta_tools = self._delta_text(dummy, False) != suffix
-        start = 0 if not turn_closed else self._im_end_text_len
+        start = self._im_end_text_len if turn_closed else 0
         # <|im_end|> is a special token, so BPE never merges across it: tokenizing the suffix alone gives the same
         # ids as tokenizing the whole rendering (tests/rollout/test_chat.py checks this).
         return self.encode(suffix[start:])

@@ -288,6 +288,7 @@ class AsyncTrainer(LocalTrainer):
             return float(now.get(key, 0.0) - prev.get(key, 0.0))
 
         wall = delta("wall_s")
+        wait_groups, wait_jobs = timer.seconds.get("wait", 0.0), timer.seconds.get("wait_jobs", 0.0)
         return {
             "async/policy_version": float(self.step - 1),
             "async/dropped_trajectories": float(self._dropped_step),
@@ -296,9 +297,9 @@ class AsyncTrainer(LocalTrainer):
             "async/weight_push_s": timer.seconds.get("push", 0.0),
             "async/weight_load_s": delta("weight_load_s"),
             "async/weight_loads": delta("weight_loads"),
-            "async/trainer_idle_s": timer.seconds.get("wait", 0.0) + timer.seconds.get("wait_jobs", 0.0),
-            "async/trainer_wait_groups_s": timer.seconds.get("wait", 0.0),
-            "async/trainer_wait_jobs_s": timer.seconds.get("wait_jobs", 0.0),
+            "async/trainer_idle_s": wait_groups + wait_jobs,
+            "async/trainer_wait_groups_s": wait_groups,
+            "async/trainer_wait_jobs_s": wait_jobs,
             "async/generator_idle_s": max(0.0, wall - delta("engine_busy_s") - delta("update_s")),
             "async/generator_gated_s": delta("gated_s"),
             **{f"async/{k}": delta(k) for k in ENGINE_COUNTERS.values()},

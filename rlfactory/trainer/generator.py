@@ -13,14 +13,13 @@ in flight as the staleness bound allows: group number i may start while
     started - dropped < (v - v0 + k + 1) * prompts_per_step
 where v is the newest published version and v0 the version this launch began at, and none past the run's last
 step; before the first push the first step's groups run alone, and the next step's start once they are done
-(`may_start`). Groups consumed in
-start order are then trained at most k versions after they started; a straggler the trainer skips past may not
-be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a group once it can no longer meet
-the bound (counted), `wait` makes the trainer take groups in start order. Weights land between decode steps, so a
-trajectory in flight continues under them (a partial rollout): every policy token carries the version that
-sampled it. At most one step's worth of turns (prompts_per_step x samples_per_prompt) generate at once, let in
-lowest group first (`OrderedSlots`; a trajectory waiting for a tool holds no slot): the groups the trainer needs
-next run at the engine's full speed, and the next step's fill the rows theirs leave.
+(`may_start`). Groups consumed in start order are then trained at most k versions after they started; a straggler
+the trainer skips past may not be, and the trainer's policy decides (`trainer.stale_groups`): `drop` cancels a
+group once it can no longer meet the bound (counted), `wait` makes the trainer take groups in start order. Weights
+land between decode steps, so a trajectory in flight continues under them (a partial rollout): every policy token
+carries the version that sampled it. At most one step's worth of turns (prompts_per_step x samples_per_prompt)
+generate at once, let in lowest group first (`OrderedSlots`; a trajectory waiting for a tool holds no slot): the
+groups the trainer needs next run at the engine's full speed, and the next step's fill the rows theirs leave.
 
 Start-up (generator_launch.py, the trainer's side): `GeneratorLaunch.start(recipe)` spawns the process right after
 the recipe is validated, before the trainer imports torch or loads its model, so both start up in parallel (python,
