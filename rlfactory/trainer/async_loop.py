@@ -47,6 +47,7 @@ from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.trainer.generator_launch import GeneratorLaunch, Setup, drain
 from rlfactory.trainer.group_queue import GroupQueue
+from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.streamed_update import StreamedStep, UpdatePart, streams
@@ -147,9 +148,12 @@ class AsyncTrainer(LocalTrainer):
         self.launch.setup(Setup(weights=weights, start_index=self.queue.watermark,
                                 skip=sorted(self.queue.done_above), start_version=self.step,
                                 engine_cpus=self.launch.engine_cpus, update_jobs=self.update_jobs))
+        heap = FrozenHeap()
+        heap.freeze()  # the imports and the model; again once the generator is ready
         try:
             async with contextlib.AsyncExitStack() as stack:
                 await self._wait_ready()
+                heap.freeze()
                 streamed = streams(r)
                 eval_side = None
                 prev_stats = dict(self._gen_stats)
@@ -204,6 +208,7 @@ class AsyncTrainer(LocalTrainer):
         finally:
             bar.close()
             log.close()
+            heap.thaw()
             self.launch.stop_event.set()  # it closes its tool servers and exits while the summary is written
         summary = self._finish(start_step, wall0, last_eval, max_staleness_steps=self.k,
                                dropped_trajectories=self.queue.dropped_trajectories)

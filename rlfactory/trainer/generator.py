@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.ordered_slots import OrderedSlots
 
 if TYPE_CHECKING:  # the parent imports this module before torch: keep it light
@@ -220,6 +221,8 @@ class Generator:
         sampler = TaskSampler(len(tasks), r.trainer.seed)
         tokenizer = load_tokenizer(r)
         model = load_policy(r, device).eval()
+        heap = FrozenHeap()  # this process ends with the run: never thawed
+        heap.freeze()  # the imports and the model; again once the tool servers are up
         if r.trainer.update_on_generator and r.trainer.split_cores and device.type == "cpu":
             # the update may be shared (the trainer decides, AsyncTrainer._shares_update): ~1 s of imports (verl's
             # losses) now, while the trainer still starts up
@@ -241,6 +244,7 @@ class Generator:
             if self.helper is not None:
                 side.engine.idle_task = self._idle_update
             self.tools = side.tools
+            heap.freeze()
             self.results.put(("ready", {"pid": os.getpid(), "version": side.engine.policy_version}))
             await self._serve(side, tasks, sampler, setup)
 

@@ -44,6 +44,7 @@ from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.engines.protocol import SamplingParams, engine_counters
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
 from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.resume_changes import check_resume, describe, record_resume
 from rlfactory.trainer.update import GRPOUpdate
@@ -182,8 +183,11 @@ class LocalTrainer(GRPOUpdate):
         wall0 = time.perf_counter()
         last_eval: dict[str, float] = {}
         bar = StepProgress(self.progress, t.total_steps, start_step)
+        heap = FrozenHeap()
+        heap.freeze()  # the imports and the model; again once the tool servers are up
         try:
             async with open_rollout_side(r, self.model, self.tokenizer, self.device, self.out) as side:
+                heap.freeze()
                 while self.step < t.total_steps:
                     step_idx = self.step  # 0-based index of the step about to run
                     timer = StageTimer()
@@ -224,6 +228,7 @@ class LocalTrainer(GRPOUpdate):
         finally:
             bar.close()
             log.close()
+            heap.thaw()
         return self._finish(start_step, wall0, last_eval)
 
     # ------------------------------------------------------------------------- per step and end (both loops)

@@ -113,14 +113,14 @@ class UpdateHelper(GRPOUpdate):
         return True
 
     def post_due(self) -> None:
-        """Once the trainer closed the step and no job of it runs here: send the jobs' metrics, then their
-        gradient."""
+        """Once the trainer closed the step and no job of it runs here: post the jobs' gradient, then send their
+        metrics (the trainer, waiting for both, finds the gradient posted when the message comes)."""
         with self._post_lock:
             step = self.jobs.due()
             if step is None or self.part is None or self.part.step != step:
                 return
-            self.results.put(("update_part", self.part))
             self.jobs.post(self.named, step)
+            self.results.put(("update_part", self.part))
             self.part = None
             for p in self.params:
                 p.grad = None
