@@ -21,7 +21,15 @@ from rlfactory.trainer.weight_push import SharedWeights, trainable_parameters
 
 
 class Results(list):
+    """The generator's results queue. With `jobs` set, notes whether an update_part's gradient was already posted
+    when its message was sent (the trainer, waiting for both, must find it posted when the message comes)."""
+
+    jobs: UpdateJobs | None = None
+    posted_when_sent: bool | None = None
+
     def put(self, msg):
+        if self.jobs is not None and msg[0] == "update_part":
+            self.posted_when_sent = self.jobs.posted(msg[1].step)
         self.append(msg)
 
 
@@ -47,6 +55,7 @@ def test_a_step_shared_with_the_generator_takes_the_whole_batch_step(mode, monke
     weights = SharedWeights.from_model(shared.model, version=3)
     jobs = UpdateJobs.from_model(shared.model)
     messages, results = queue.Queue(), Results()
+    results.jobs = jobs
     helper = _helper(shared, base, jobs, weights, messages, results)
     for i, grp in enumerate(groups):
         helper.keep(i, grp)
@@ -70,6 +79,7 @@ def test_a_step_shared_with_the_generator_takes_the_whole_batch_step(mode, monke
     helper.post_due()
     (kind, part), = results
     assert kind == "update_part" and part.step == 3 and part.jobs == stolen and jobs.posted(3)
+    assert results.posted_when_sent  # the gradient first, then the message announcing it
     states = jobs.state[:n].tolist()
     assert states.count(GENERATOR_DONE) == stolen and states.count(TRAINER) == n - stolen  # each job once
     jobs.add_posted_into(trainable_parameters(shared.model))
