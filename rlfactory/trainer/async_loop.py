@@ -175,6 +175,7 @@ class AsyncTrainer(LocalTrainer):
                         self.step += 1
                         with timer("push"):
                             weights.publish(self.model, self.step)
+                            self.launch.wake()
                     row: dict[str, Any] = {"step": self.step, "horizon": max(x.horizon or 0 for x in trajs),
                                            "horizon_stage": stage_for_step(r.rollout.horizon, s)}
                     rew_m = combine_reward_metrics([m for g in groups for m in g.reward_metrics])

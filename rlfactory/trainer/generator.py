@@ -59,8 +59,9 @@ if TYPE_CHECKING:  # the parent imports this module before torch: keep it light
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.005
-"""How often the generator looks at the published version and the stop flag while it waits."""
+POLL_S = 0.02
+"""How often the generator looks at the published version, the stop flag and the trainer's drops when nothing woke
+it: a weight push (the trainer's wake byte) and a finished group wake it at once."""
 
 
 SETUP_TIMEOUT_S = 900.0
@@ -166,8 +167,9 @@ class Generator:
         self.r = spec.recipe
         self.weights: Any = None  # SharedWeights, from the trainer's Setup
         self.start_version = 0
-        # the pipe's receiving end, the SharedWeights lock, the UpdateJobs lock, the trainer's job descriptions
-        self.setup_in, self.lock, self.jobs_lock, self.job_messages = setup
+        # the setup pipe's receiving end, the SharedWeights lock, the UpdateJobs lock, the trainer's job
+        # descriptions, the wake pipe's receiving end (a byte after each weight push)
+        self.setup_in, self.lock, self.jobs_lock, self.job_messages, self.wake_in = setup
         self.helper: Any = None  # an UpdateHelper when the trainer shares its update
         self.results = results
         self.stop = stop
@@ -290,6 +292,9 @@ class Generator:
         skip = set(setup.skip)
         index = setup.start_index
         engine = side.engine
+        wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.wake_in.fileno(), self._on_wake, loop, wake)
         try:
             while not (self.stop.is_set() or self._closing.is_set()):
                 while self._allowed():
@@ -302,6 +307,7 @@ class Generator:
                     inflight[index] = asyncio.create_task(
                         self._group(side, gate, index, gid, task, horizon, mix_seed(r.trainer.seed, index, 7),
                                     version))
+                    inflight[index].add_done_callback(lambda _: wake.set())  # its place may start another
                     gids[index] = gid
                     self.started += 1
                     index += 1
@@ -315,13 +321,27 @@ class Generator:
                     inflight.pop(i).result()  # a failure inside a group is a bug here: raise it
                     self.group_oldest.pop(gids.pop(i), None)
                 t0 = time.perf_counter()
-                await asyncio.sleep(POLL_S)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), POLL_S)
+                wake.clear()
                 if not self._allowed():
                     self.gated_s += time.perf_counter() - t0
         finally:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(self.wake_in.fileno())
             for t in inflight.values():
                 t.cancel()
             await asyncio.gather(*inflight.values(), return_exceptions=True)
+
+    def _on_wake(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        """The wake pipe is readable: read what is there and wake the serve loop. A closed pipe (the trainer is
+        gone) stops being watched; the stop flag and the parent watch end the process."""
+        try:
+            while self.wake_in.poll():
+                self.wake_in.recv_bytes()
+        except (EOFError, OSError):
+            loop.remove_reader(self.wake_in.fileno())
+        wake.set()
 
     def _cancel_stale(self, inflight: dict[int, asyncio.Task], gids: dict[int, str], engine: Any) -> None:
         """A group whose oldest token is more than k versions behind the version the trainer trains next can never

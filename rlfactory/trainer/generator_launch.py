@@ -40,6 +40,8 @@ class GeneratorLaunch:
         """The UpdateJobs lock (trainer.update_on_generator)."""
         self.job_messages = ctx.Queue()
         """The trainer's job descriptions and step openings, for the generator's UpdateHelper."""
+        self._wake_in, self._wake_out = ctx.Pipe(duplex=False)
+        """A byte after each weight push wakes the generator's event loop at once (its own poll is a fallback)."""
         self.trainer_drops = ctx.Value("q", 0)
         """Groups the trainer dropped (they free their places under the staleness bound)."""
         spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
@@ -47,7 +49,8 @@ class GeneratorLaunch:
         self.engine_cpus: list[int] | None = None
         self.proc = ctx.Process(target=generator_main, name="rlfactory-generator", daemon=True,
                                 args=(spec, self.results,
-                                      (self._setup_in, self.lock, self.jobs_lock, self.job_messages),
+                                      (self._setup_in, self.lock, self.jobs_lock, self.job_messages,
+                                       self._wake_in),
                                       self.stop_event, self.trainer_drops))
 
     @classmethod
@@ -77,6 +80,11 @@ class GeneratorLaunch:
     def setup(self, setup: Setup) -> None:
         self._setup_out.send(setup)
 
+    def wake(self) -> None:
+        """Tell the generator that new weights are published (it starts the groups they allow right away)."""
+        with contextlib.suppress(OSError, ValueError):  # a generator that is gone is reported by its process
+            self._wake_out.send_bytes(b"w")
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Ask the generator to close its tool servers and exit; terminate it if it does not."""
         self.stop_event.set()
@@ -99,7 +107,7 @@ class GeneratorLaunch:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self._cpus)
             self._cpus = None
-        for end in (self._setup_in, self._setup_out):
+        for end in (self._setup_in, self._setup_out, self._wake_in, self._wake_out):
             with contextlib.suppress(Exception):
                 end.close()
 

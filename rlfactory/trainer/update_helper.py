@@ -22,8 +22,8 @@ from rlfactory.trainer.weight_push import trainable_parameters
 
 
 class UpdateHelper(GRPOUpdate):
-    """`keep(index, trajectories)` for each group sent; `take_messages()` from the event loop; `run_one()` from the
-    engine's decoding thread when idle; `post_due()` from either."""
+    """`keep(index, trajectories)` for each group sent, from the event loop; `run_one()` from the engine's decoding
+    thread when idle; `take_messages()` and `post_due()` from either."""
 
     def __init__(self, recipe: Any, model: Any, tokenizer: Any, device: Any, jobs: Any, weights: Any,
                  messages: Any, results: Any):
@@ -80,6 +80,7 @@ class UpdateHelper(GRPOUpdate):
     # ------------------------------------------------------------------------------------------- decoding thread
     def run_one(self) -> bool:
         """Steal and run one job of the trainer's step; False when there was none to take."""
+        self.take_messages()  # descriptions sent since the event loop last looked
         if self.weights.version != self.version:
             loaded = self.weights.load_into(self.model, self.version)
             if loaded is not None:

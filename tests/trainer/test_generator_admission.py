@@ -1,8 +1,13 @@
 """When the asynchronous generator may start another group (generator.may_start): the staleness bound, and the first
-step's groups running alone before the first weights push."""
+step's groups running alone before the first weights push; and what wakes its serve loop to start them (the
+trainer's wake byte after each push)."""
 from __future__ import annotations
 
-from rlfactory.trainer.generator import may_start
+import asyncio
+import multiprocessing as mp
+
+from rlfactory.trainer.generator import Generator, may_start
+from rlfactory.trainer.generator_launch import GeneratorLaunch
 
 
 def test_the_bound_allows_k_plus_one_steps_of_groups_per_push():
@@ -34,3 +39,28 @@ def test_no_group_starts_past_the_runs_last_step():
     assert not may_start(29, 120, running=4, per_step=P, k=k, steps_left=30)  # the bound allows 124: none trains
     assert may_start(29, 119, running=0, per_step=P, k=k, steps_left=30)  # a dropped group is made up for
     assert not may_start(0, 0, running=0, per_step=P, k=k, steps_left=0)  # a resumed run that is already done
+
+
+def test_the_trainers_wake_byte_wakes_the_serve_loop_and_a_closed_pipe_stops_being_watched():
+    rd, wr = mp.get_context("spawn").Pipe(duplex=False)
+    gen = Generator.__new__(Generator)  # only its wake pipe is used here
+    gen.wake_in = rd
+    launch = GeneratorLaunch.__new__(GeneratorLaunch)
+    launch._wake_out = wr
+
+    async def serve_loop_side() -> None:
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        loop.add_reader(rd.fileno(), gen._on_wake, loop, wake)
+        launch.wake()
+        launch.wake()  # two pushes before the loop looked: one wake-up, both bytes read
+        await asyncio.wait_for(wake.wait(), 60)  # nothing polls here: only the byte can set it
+        assert not rd.poll()
+        wake.clear()
+        wr.close()  # the trainer is gone
+        await asyncio.wait_for(wake.wait(), 60)  # woken once more by the end of the pipe ...
+        assert not loop.remove_reader(rd.fileno())  # ... and no longer watched
+
+    asyncio.run(serve_loop_side())
+    launch.wake()  # a closed pipe is not an error on the trainer's side (the generator's exit is reported)
+    rd.close()
