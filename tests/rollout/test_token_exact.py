@@ -276,8 +276,10 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
 
     assert total >= N_TRAJECTORIES
     assert sum(bad.values()) == 0, dict(bad)
-    # the workload really exercised what it claims to
-    assert fraction > 0.3 and truncated >= total // 50 and closed_by_template >= total // 50
+    # the workload really exercised what it claims to. Turns with parseable calls: ~0.39 with fixed weights; with pushes
+    # ~0.30-0.33 (a norm scaled by 0.9 flattens the scripted logits, so more junk), and which version samples which
+    # turn follows the wall clock, so the fraction moves with the machine's load: the floor sits well below both
+    assert fraction > 0.2 and truncated >= total // 50 and closed_by_template >= total // 50
     assert all(reasons[r] >= max(1, total // 100) for r in ("stop", "max_turns", "token_budget", "context_length")), \
         dict(reasons)
     if pushes:  # weights really changed under trajectories in flight, and inside single turns
