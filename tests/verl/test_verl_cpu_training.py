@@ -68,17 +68,20 @@ def rows(run: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory) -> Path:
-    """A 4-step run (a checkpoint every step) killed with SIGKILL during step 3, then resumed to the end."""
+    """A 3-step run (a checkpoint every step) killed with SIGKILL during step 2, then resumed to the end. 4 prompts x
+    8 samples a step: a verl step on CPU is ~1 minute at the quickstart's 64 trajectories, and this fixture is the
+    longest part of the suite."""
     out = tmp_path_factory.mktemp("verl_cpu") / "run"
-    # every trajectory in transcripts/: which few of 64 make tool calls depends on vLLM's sampling, not the seed
-    sets = ("trainer.total_steps=4", "trainer.save_every_steps=1", "trainer.log.transcripts_per_step=64")
+    # every trajectory in transcripts/: which of them make tool calls depends on vLLM's sampling, not the seed
+    sets = ("trainer.total_steps=3", "trainer.save_every_steps=1", "trainer.log.transcripts_per_step=32",
+            "trainer.prompts_per_step=4", "algorithm.micro_batch_size=32")
     proc = rlf_train(out, *sets, wait=False)
     try:
         deadline = time.monotonic() + 700
         while time.monotonic() < deadline and proc.poll() is None:
             logged = sum(len(f.read_text().splitlines()) for f in (out / "verl_metrics").glob("*.jsonl"))
-            if logged >= 2:
-                break  # verl logged step 2 (after checkpointing it): step 3 is running
+            if logged >= 1:
+                break  # verl logged step 1 (after checkpointing it): step 2 is running
             time.sleep(0.2)
         assert proc.poll() is None, (out.parent / "run.log").read_text()[-4000:]
     finally:
@@ -91,15 +94,16 @@ def resumed_run(tmp_path_factory) -> Path:
 
 def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed_run):
     got = rows(resumed_run)
-    assert [r["step"] for r in got] == [1, 2, 3, 4]  # every step once: what the killed run wrote after step 2 is gone
+    assert [r["step"] for r in got] == [1, 2, 3]  # every step once: what the killed run wrote after step 1 is gone
     step1, step2 = got[0], got[1]
-    # vLLM started from its own copy of the weights; after an update (a non-zero gradient, a loss that moved) the
-    # actor and vLLM still agree token by token: only a real weight sync gives that
+    # vLLM started from its own copy of the weights (the base model's, in the resumed run that took step 2); after an
+    # update (a non-zero gradient, a loss that moved) the actor and vLLM still agree token by token: only a real
+    # weight sync gives that
     assert step2["training/rollout_actor_probs_pearson_corr"] >= 0.99
     assert step1["actor/grad_norm"] > 0 and step1["actor/lr"] > 0
     assert step1["actor/pg_loss"] != step2["actor/pg_loss"]
     for r in got:
-        assert r["rollout/trajectories"] == 64  # 8 prompts x 8 samples, all recorded by the agent-loop workers
+        assert r["rollout/trajectories"] == 32  # 4 prompts x 8 samples, all recorded by the agent-loop workers
         assert r["reward/verl_score_mismatches"] == 0  # verl trained on exactly the scores our RewardSet gave
         assert r["reward/mean"] == pytest.approx(r["critic/score/mean"], abs=1e-6)
     # the calculator MCP server answered: calls counted by the ToolManager and results in the transcripts
@@ -116,12 +120,12 @@ def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed
 
 def test_resume_after_kill_continues_from_verls_checkpoint(resumed_run):
     summary = json.loads((resumed_run / "summary.json").read_text())
-    assert summary["engine"] == "verl" and summary["steps"] == 4 and summary["resumed_from_step"] == 2
-    assert [r["training/global_step"] for r in rows(resumed_run)] == [1, 2, 3, 4]
+    assert summary["engine"] == "verl" and summary["steps"] == 3 and summary["resumed_from_step"] == 1
+    assert [r["training/global_step"] for r in rows(resumed_run)] == [1, 2, 3]
     assert all(r["horizon_stage"] == 0 for r in rows(resumed_run))  # the quickstart's horizon has one stage
-    assert (resumed_run / "checkpoints" / "global_step_4").is_dir()
+    assert (resumed_run / "checkpoints" / "global_step_3").is_dir()
     assert sorted(p.name for p in (resumed_run / "transcripts").glob("step_*.jsonl")) == [
-        f"step_00000{i}.jsonl" for i in (1, 2, 3, 4)]
+        f"step_00000{i}.jsonl" for i in (1, 2, 3)]
     for name in ("reward_curve.png", "transcripts.html"):
         assert (resumed_run / name).is_file(), name
     report = subprocess.run([sys.executable, "-m", "rlfactory.cli", "report", str(resumed_run)], capture_output=True,
