@@ -18,7 +18,8 @@ from rlfactory.errors import ConfigError
 
 tools_app = typer.Typer(help="List and call MCP tools by hand (debugging).", no_args_is_help=True)
 
-_CONFIGS_HELP = "mcpServers JSON files (default: every mcp_configs/*.json)."
+_CONFIGS_HELP = ("mcpServers JSON files (default: mcp_configs/default.json here, or the shipped one outside a "
+                 "project).")
 _CONFIG_OPT_HELP = "An mcpServers JSON file (repeatable; the same as giving it as an argument)."
 
 
@@ -195,31 +196,33 @@ def new_tool(
     config: Path = typer.Option(Path("mcp_configs/default.json"), "--config", help="Config file to add it to."),
     tools_dir: Path = typer.Option(Path("envs/tools"), "--dir", help="Where tool servers live."),
 ) -> None:
-    """Scaffold envs/tools/NAME.py (one typed, documented tool) and add it to an mcpServers config."""
+    """Scaffold envs/tools/NAME.py (one typed, documented tool) and add it to an mcpServers config (the rest of
+    that file is left as it is)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         fail(f"tool name {name!r}: use lowercase letters, digits and underscores, starting with a letter")
+    from rlfactory.tools.mcp_config_edit import EMPTY_FILE, add_server  # here: keeps `rlfactory --help` fast
+
     script = tools_dir / f"{name}.py"
     if script.exists():
         fail(f"{script} already exists; pick another name or edit that file")
-    data: dict[str, Any] = {"mcpServers": {}}
-    if config.exists():
-        try:
-            data = json.loads(config.read_text())
-        except json.JSONDecodeError as e:
-            fail(f"{config}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
-        if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
-            fail(f'{config}: top level must be {{"mcpServers": {{...}}}}')
-    if name in data["mcpServers"]:
-        fail(f"{config}: mcpServers.{name} already exists; pick another name")
     config_dir = config.resolve().parent
     entry: dict[str, Any] = {"command": "python", "args": [os.path.relpath(script.resolve(), Path.cwd().resolve())]}
     cwd_rel = os.path.relpath(Path.cwd().resolve(), config_dir)
     if cwd_rel != ".":
         entry["cwd"] = cwd_rel
+    # The config's new text is made before anything is written, so a config it cannot edit leaves no script behind.
+    # Bytes, not text mode: text mode would turn the file's CRLF line ends into LF.
+    try:
+        old = config.read_bytes().decode("utf-8") if config.exists() else EMPTY_FILE
+    except UnicodeDecodeError as e:
+        fail(f"{config}: not UTF-8 text ({e.reason} at byte {e.start}); give another file with --config")
+    try:
+        new = add_server(old, name, entry, source=str(config))
+    except ConfigError as e:
+        fail(str(e))
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(_TOOL_TEMPLATE.format(name=name, config=config))
-    data["mcpServers"][name] = entry
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(data, indent=2) + "\n")
+    config.write_bytes(new.encode("utf-8"))
     console.print(f"created [bold]{script}[/bold] and added server '{name}' to {config}\n"
                   f"check it: rlfactory setup-mcp {config}", highlight=False)

@@ -18,6 +18,9 @@ Path rule (relative paths never depend on the directory rlfactory is started fro
 Every problem found in a file is reported in one `ConfigError` that names the file and the field
 (`mcp_configs/x.json: mcpServers.search.comand: unknown key (did you mean 'command'?)`).
 
+A command given no file reads `mcp_configs/default.json` alone (`default_config_paths`): the other shipped files are
+alternatives a recipe names, and several define a server of the same name.
+
 Left out: starting servers (`server.py` / `manager.py`) and SSE transport (deprecated in MCP; use streamable HTTP).
 """
 from __future__ import annotations
@@ -338,6 +341,26 @@ def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
     return chosen
 
 
+DEFAULT_CONFIG = Path("mcp_configs", "default.json")
+"""The file a command reads when it is given none (relative to the folder it runs in)."""
+
+
 def default_config_paths(root: str | os.PathLike[str] = ".") -> list[Path]:
-    """`mcp_configs/*.json` under `root`, sorted."""
-    return sorted(Path(root, "mcp_configs").glob("*.json"))
+    """The files a command reads when it is given none: `mcp_configs/default.json` under `root`, alone.
+
+    Not every `mcp_configs/*.json`: the shipped files are alternatives, not parts of one set (`envs.json`,
+    `agentgym_tasks.json` and `textcraft_shuffled.json` each define a `textcraft` server, for different recipes),
+    and a recipe or `-c FILE` names the one it means. Empty when `root` has no `mcp_configs/*.json` at all (the
+    caller then uses the shipped default.json); a ConfigError naming the files when `mcp_configs/` has some but no
+    default.json, since picking among them would be a guess."""
+    folder = Path(root, "mcp_configs")
+    default = Path(root, DEFAULT_CONFIG)
+    if default.is_file():
+        return [default]
+    others = sorted(folder.glob("*.json"))
+    if not others:
+        return []
+    shown = " ".join(f"-c {_display(p)}" for p in others[:4]) + (" ..." if len(others) > 4 else "")
+    raise ConfigError(f"no mcpServers file given, and {_display(folder)} holds no default.json (the file read when "
+                      f"none is given); name the ones to use, e.g. {shown}, or rename the usual one to "
+                      "default.json")

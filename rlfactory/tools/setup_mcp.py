@@ -91,8 +91,8 @@ class SetupReport:
 
 
 def resolve_config_paths(paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[str] = ".") -> list[Path]:
-    """The given files; else every `mcp_configs/*.json` under `root`; else (outside a project, e.g. in an empty
-    folder after `pip install rlfactory`) the shipped `mcp_configs/default.json`."""
+    """The given files; else `mcp_configs/default.json` under `root` (see `default_config_paths`); else (outside a
+    project, e.g. in an empty folder after `pip install rlfactory`) the shipped `mcp_configs/default.json`."""
     given = [Path(p) for p in paths]
     if given:
         return given

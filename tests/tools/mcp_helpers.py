@@ -96,3 +96,16 @@ class HttpToolbox:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def inserted(old: str, new: str) -> str:
+    """The one stretch of text `new` adds to `old`, after checking that everything else in `new` is `old`, byte for
+    byte (what an edit that only adds must leave)."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < len(old) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    assert head + tail == len(old), f"text outside the added stretch changed:\n{old!r}\n->\n{new!r}"
+    return new[head:len(new) - tail]

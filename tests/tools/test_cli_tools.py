@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcp_helpers import child_pids, leftover_children, toolbox_entry, write_config
+from mcp_helpers import child_pids, inserted, leftover_children, toolbox_entry, write_config
 
 BIN = Path(sys.executable).parent / "rlfactory"
 
@@ -89,7 +89,7 @@ def test_new_tool_scaffold_is_accepted_by_setup_mcp(tmp_path):
     assert "readOnlyHint=True" in source and "idempotentHint=True" in source and "def word_count(text: str)" in source
     entry = json.loads(config.read_text())["mcpServers"]["word_count"]
     assert entry == {"command": "python", "args": ["envs/tools/word_count.py"], "cwd": ".."}
-    # with no CONFIG, setup-mcp checks every mcp_configs/*.json; the table names the server and its probe call
+    # with no CONFIG, setup-mcp checks mcp_configs/default.json; the table names the server and its probe call
     check = rlf("setup-mcp", "--cache-backend", "none", cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert "word_count" in check.stdout and "all servers healthy" in check.stdout
@@ -107,3 +107,42 @@ def test_shipped_default_config_is_healthy(repo_root):
     report = json.loads(r.stdout)
     assert {s["name"] for s in report["servers"]} == {"calculator", "search", "python"}
     assert all(s["ok"] and s["tools"] for s in report["servers"])
+
+
+HAND_FORMATTED = """{
+  "mcpServers": {
+    "calculator": {"command": "python", "args": ["-m", "rlfactory.envs.tools.calculator"],
+                   "rlfactory": {"max_concurrency": 64, "tool_timeout_s": 10}},
+    "python":     {"command": "python", "args": ["-m", "rlfactory.envs.tools.python_sandbox"],
+                   "rlfactory": {"cache": false}}
+  },
+  "$schema": "https://example.org/mcp-servers.schema.json"
+}"""
+
+
+def test_new_tool_adds_its_entry_and_leaves_a_hand_formatted_config_as_written(tmp_path):
+    config = tmp_path / "mcp_configs" / "default.json"
+    config.parent.mkdir()
+    config.write_text(HAND_FORMATTED)  # compact arrays, aligned values, a key after mcpServers, no final newline
+    r = rlf("new-tool", "weather", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    new = config.read_text()
+    # its neighbours span lines, so it does too, at their indentation (values compact, as theirs)
+    assert inserted(HAND_FORMATTED, new) == (',\n    "weather": {\n      "command": "python",\n'
+                                             '      "args": ["envs/tools/weather.py"],\n      "cwd": ".."\n    }')
+    assert list(json.loads(new)["mcpServers"]) == ["calculator", "python", "weather"]
+    assert (tmp_path / "envs" / "tools" / "weather.py").is_file()
+
+
+def test_new_tool_refuses_a_config_it_cannot_edit_and_writes_nothing(tmp_path):
+    config = tmp_path / "mcp_configs" / "default.json"
+    config.parent.mkdir()
+    for text, message in [
+        ('{"mcpServers": {"weather": {"url": "http://127.0.0.1:9/mcp"}}}', "mcpServers.weather already exists"),
+        ('{"mcpServers": {"a": {"url": "http://127.0.0.1:9/mcp"},}}', "invalid JSON at line 1 column"),
+    ]:
+        config.write_text(text)
+        r = rlf("new-tool", "weather", cwd=tmp_path)
+        assert r.returncode == 1 and message in r.stderr and "mcp_configs/default.json" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert config.read_text() == text and not (tmp_path / "envs").exists()

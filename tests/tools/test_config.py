@@ -196,3 +196,36 @@ def test_a_module_server_that_python_cannot_find_is_reported(tmp_path):
                                       "fine": {"command": "python", "args": ["-m", "rlfactory.envs.tools.calculator"]}})
     msg = error_of(cfg)
     assert "mcpServers.ghost.args: `python -m rlfactory.envs.tools.nope`: no such module" in msg and "fine" not in msg
+
+
+def test_the_default_is_default_json_alone_even_beside_files_that_clash(tmp_path, monkeypatch):
+    """In a project laid out like the checkout, a command given no file reads mcp_configs/default.json only: the
+    other files define the same server names for other recipes (`textcraft` in envs.json and agentgym_tasks.json)."""
+    from rlfactory.tools.mcp_configs import default_config_paths
+    from rlfactory.tools.setup_mcp import resolve_config_paths
+
+    entry = {"command": "python", "args": [str(TOOLBOX)]}
+    write(tmp_path / "mcp_configs" / "default.json", {"tb": entry})
+    write(tmp_path / "mcp_configs" / "envs.json", {"textcraft": entry})
+    write(tmp_path / "mcp_configs" / "agentgym_tasks.json", {"textcraft": entry})
+    assert default_config_paths(tmp_path) == [tmp_path / "mcp_configs" / "default.json"]
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_paths([]) == [Path("mcp_configs/default.json")]
+    assert set(load_mcp_configs(resolve_config_paths([]))) == {"tb"}
+    # files given by name are read as given, and clashing names there are still an error naming both files
+    with pytest.raises(ConfigError, match="already defined in"):
+        load_mcp_configs(resolve_config_paths(["mcp_configs/envs.json", "mcp_configs/agentgym_tasks.json"]))
+
+
+def test_a_project_without_default_json_is_told_which_files_it_has(tmp_path, monkeypatch):
+    from rlfactory.tools.mcp_configs import default_config_paths
+    from rlfactory.tools.setup_mcp import resolve_config_paths
+
+    write(tmp_path / "mcp_configs" / "mine.json", {"tb": {"command": "python", "args": [str(TOOLBOX)]}})
+    with pytest.raises(ConfigError) as e:
+        default_config_paths(tmp_path)
+    assert "holds no default.json" in str(e.value) and "-c " in str(e.value) and "mine.json" in str(e.value)
+    assert default_config_paths(tmp_path / "elsewhere") == []  # no mcp_configs/ at all: the caller's fallback
+    monkeypatch.chdir(tmp_path / "mcp_configs")  # a folder without mcp_configs/: the shipped default.json
+    (shipped,) = resolve_config_paths([])
+    assert shipped.name == "default.json" and set(load_mcp_config(shipped)) == {"calculator", "search", "python"}

@@ -51,7 +51,8 @@ class CacheStats:
     misses: int = 0
     sets: int = 0
     errors: int = 0
-    """Operations that failed because the backend was unreachable (each one counted as a miss too)."""
+    """Operations that failed, or were skipped, because the backend was unreachable, full or refusing (a failed read
+    is counted as a miss too)."""
 
 
 @runtime_checkable

