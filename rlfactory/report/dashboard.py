@@ -3,28 +3,33 @@ library's threading HTTP server on 127.0.0.1.
 
 Endpoints (JSON unless noted), `run` being the index of a run folder on the command line:
     /                                        the page (dashboard_page.py), HTML
-    /api/runs                                each run's name, path, steps so far, total steps, finished or live
+    /api/runs                                each run's name, path, steps so far, total steps, finished or live,
+                                             metrics.jsonl lines skipped as bad (`bad_lines`, `bad_line_notes`)
     /api/metrics?run=I&since=N&epoch=E       metrics.jsonl rows from row N (all rows, `reset`, if the file was
-                                             rewritten since epoch E)
+                                             rewritten since epoch E), and the bad lines skipped so far
     /api/transcripts?run=I&finish=&rmin=&rmax=&tool_error=1&limit=    the newest saved trajectories, filtered
     /api/transcript?run=I&id=ID              one trajectory as the transcript viewer renders it ({"html": ...})
     /api/tool_latencies?run=I                per-tool call latencies (s) in the saved transcripts
 
 Everything is read from the run folders on request (run_watch.py), so it works the same on a finished run and on a
-live one of either engine, and the trainer does no extra work. Left out: authentication (it listens on 127.0.0.1
-unless told otherwise), writing anything to the run folders.
+live one of either engine, and the trainer does no extra work. A request whose Host header does not name the server
+is refused with 421 (dashboard_hosts.py: DNS rebinding); any other failure answers that request with an error and
+the server goes on. Left out: authentication (it listens on 127.0.0.1 unless told otherwise, and `rlfactory
+dashboard` warns when it is not), writing anything to the run folders.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
+import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.report.dashboard_hosts import HostGuard
 from rlfactory.report.dashboard_page import render_page
 from rlfactory.report.run_watch import RunWatch
 from rlfactory.report.viewer import token_text_of, trajectory_html
@@ -115,7 +120,9 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
+def _handler(dash: Dashboard, guard: HostGuard) -> type[BaseHTTPRequestHandler]:
+    refused_hosts: set[str] = set()
+
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)
@@ -125,8 +132,34 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _refuse(self, code: int, message: str, url_path: str) -> None:
+            if url_path.startswith("/api/"):
+                self._send(code, json.dumps({"error": message}).encode(), "application/json")
+            else:
+                self._send(code, message.encode(), "text/plain; charset=utf-8")
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             url = urlparse(self.path)
+            problem = guard.problem(self.headers.get("Host"))
+            if problem is not None:
+                host = str(self.headers.get("Host"))[:200]
+                # once per Host at warning: a rebinding page polls, and must not bury the terminal
+                logger.log(logging.DEBUG if host in refused_hosts else logging.WARNING,
+                           "dashboard: refused %s: %s", self.path[:200], problem)
+                if len(refused_hosts) < 1000:
+                    refused_hosts.add(host)
+                self._refuse(421 if self.headers.get("Host") else 400, problem, url.path)
+                return
+            try:
+                self._answer(url)
+            except (BrokenPipeError, ConnectionResetError):  # the browser went away (a reload): nothing to answer
+                return
+            except Exception as e:  # one request's failure is its own: the server keeps answering the others
+                logger.exception("dashboard: %s failed", self.path[:200])
+                self._refuse(500, f"the dashboard failed to answer {url.path}: {type(e).__name__}: {e}"[:2000],
+                             url.path)
+
+        def _answer(self, url: Any) -> None:
             if url.path in ("/", "/index.html"):
                 self._send(200, dash.page().encode(), "text/html; charset=utf-8")
                 return
@@ -148,13 +181,28 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def make_server(run_dirs: list[str | Path], *, host: str = "127.0.0.1", port: int = 8766,
-                tokenizers: bool = True) -> ThreadingHTTPServer:
-    """The dashboard's HTTP server, bound and ready for `serve_forever()` (port 0 picks a free one)."""
+                tokenizers: bool = True, allowed_hosts: list[str] | None = None) -> ThreadingHTTPServer:
+    """The dashboard's HTTP server, bound and ready for `serve_forever()` (port 0 picks a free one). It answers
+    requests whose Host names it (dashboard_hosts.py) or one of `allowed_hosts` ("name", "name:port", "*")."""
     dash = Dashboard(run_dirs, tokenizers=tokenizers)
+    guard_extra = list(allowed_hosts or [])
     try:
-        server = ThreadingHTTPServer((host, port), _handler(dash))
+        HostGuard(host, port, guard_extra)  # a malformed --allow-host is refused before anything listens
+    except ValueError as e:
+        raise RLFactoryError(str(e)) from None
+    cls = _Server6 if ":" in host.strip("[]") else _Server
+    try:
+        server = cls((host.strip("[]"), port), BaseHTTPRequestHandler)  # the real one needs the port bound
     except OSError as e:
         raise RLFactoryError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another with --port") from e
-    server.daemon_threads = True
+    server.RequestHandlerClass = _handler(dash, HostGuard(host, server.server_address[1], guard_extra))
     return server

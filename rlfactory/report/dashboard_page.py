@@ -4,7 +4,8 @@ The JS polls the server's JSON endpoints (dashboard.py): new metrics.jsonl rows 
 newest transcripts under the current filters, and per-tool latencies from those transcripts. Charts overlay the runs,
 one colour per run. Metric names are looked up under both engines' names (rlfactory's `loss/*`, verl's `actor/*`).
 Text from run folders reaches the DOM through `textContent` or server-side `html.escape` (the viewer's fragments),
-never as markup.
+never as markup. Lines of metrics.jsonl the server skipped as bad are counted in a note under the header; a poll
+that fails says why there and the next one tries again.
 
 Left out: zoom, smoothing controls, run comparison tables.
 """
@@ -36,6 +37,7 @@ td,th{border:1px solid #d6dae1;padding:2px 8px;text-align:right}td:first-child,t
 #filters label{margin-right:10px;font-size:13px}
 #viewer{margin-top:10px}
 .hidden-section{display:none}
+#notes .note{font-size:12px;color:#ffd27a}#error{font-size:12px;color:#ff9a8a}
 """
 
 _JS = r"""
@@ -54,7 +56,20 @@ _JS = r"""
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function get(url){ return fetch(url, {cache: 'no-store'}).then(function(r){ return r.json(); }); }
+  function get(url){
+    return fetch(url, {cache: 'no-store'}).then(function(r){
+      if (r.ok) return r.json();
+      return r.text().then(function(t){
+        var msg = t; try { msg = JSON.parse(t).error || t; } catch (e) {}
+        throw new Error(url.split('?')[0] + ' answered ' + r.status + ': ' + msg);
+      });
+    });
+  }
+  // The server sends only objects as rows (run_watch.py skips other lines); anything else counts as an empty row
+  // here rather than stopping every later render. Maps keyed by metric names have no prototype: a metric may be
+  // called "__proto__" or "constructor".
+  function asRow(r){ return r !== null && typeof r === 'object' && !Array.isArray(r) ? r : {}; }
+  function dict(){ return Object.create(null); }
   function num(v){ return typeof v === 'number' && isFinite(v); }
   function fmt(v){
     if (!num(v)) return '–';
@@ -145,12 +160,12 @@ _JS = r"""
     draw(c, series, used.join(', '));
   }
   function keysLike(re){
-    var seen = {};
+    var seen = dict();
     state.forEach(function(st){ st.rows.forEach(function(r){ for (var k in r) if (re.test(k)) seen[k] = 1; }); });
     return Object.keys(seen).sort();
   }
   function multi(parent, spec){
-    var c = box(parent, spec[0], spec[1]), series = [], rx = new RegExp(spec[2]), found = {};
+    var c = box(parent, spec[0], spec[1]), series = [], rx = new RegExp(spec[2]), found = dict();
     state.forEach(function(st){ st.rows.forEach(function(r){
       for (var k in r) if (!(k in found)) {
         var m = rx.exec(k);
@@ -175,7 +190,7 @@ _JS = r"""
   function toolTable(){
     var body = $('tool-rows'); body.innerHTML = '';
     state.forEach(function(st, i){
-      var tools = {};
+      var tools = dict();
       st.rows.forEach(function(r){
         for (var k in r) {
           var m = /^tools\/(.+)\/(calls|errors)$/.exec(k);
@@ -183,7 +198,8 @@ _JS = r"""
         }
       });
       Object.keys(tools).sort().forEach(function(name){
-        var lat = (st.latencies || {})[name] || [], t = tools[name], tr = el('tr', {'data-tool': name});
+        var lat = (st.latencies && Object.prototype.hasOwnProperty.call(st.latencies, name) &&
+                   Array.isArray(st.latencies[name])) ? st.latencies[name] : [], t = tools[name], tr = el('tr', {'data-tool': name});
         var rate = t.calls ? (100 * t.errors / t.calls).toFixed(1) + ' %' : '–';
         [runs[i].name, name, fmt(t.calls), fmt(t.errors), rate, fmt(1000 * quantile(lat, 0.5)),
          fmt(1000 * quantile(lat, 0.9)), fmt(1000 * quantile(lat, 1)), String(lat.length)]
@@ -192,7 +208,20 @@ _JS = r"""
       });
     });
   }
+  function notes(){
+    var box = $('notes'); box.innerHTML = '';
+    state.forEach(function(st, i){
+      if (!st.bad) return;
+      var last = st.badNotes.length ? ' (newest: ' + st.badNotes[st.badNotes.length - 1] + ')' : '';
+      var n = el('div', {'class': 'note', 'data-run': String(i), 'data-bad': String(st.bad)},
+                 runs[i].name + ': ' + st.bad + ' bad line' + (st.bad > 1 ? 's' : '') +
+                 ' in metrics.jsonl skipped' + last);
+      n.title = st.badNotes.join('\n');
+      box.appendChild(n);
+    });
+  }
   function render(){
+    notes();
     SPEC.sections.forEach(function(sec){
       var grid = $(sec.id);
       if (sec.only_if) {
@@ -280,7 +309,8 @@ _JS = r"""
     var jobs = state.map(function(st, i){
       return get('api/metrics?run=' + i + '&since=' + st.rows.length + '&epoch=' + st.epoch).then(function(d){
         if (d.reset) st.rows = [];
-        st.rows = st.rows.concat(d.rows); st.epoch = d.epoch;
+        st.rows = st.rows.concat((d.rows || []).map(asRow)); st.epoch = d.epoch;
+        st.bad = d.bad_lines || 0; st.badNotes = d.bad_line_notes || [];
       });
     });
     if (polls % 5 === 0) {
@@ -290,6 +320,7 @@ _JS = r"""
       });
     }
     Promise.all(jobs).then(function(){ render(); return listTranscripts(); })
+      .then(function(){ $('error').textContent = ''; })
       .catch(function(e){ $('error').textContent = 'poll failed: ' + e; })
       .then(function(){ polls++; window.rlfactoryDashboard.polls = polls; setTimeout(poll, POLL_MS); });
   }
@@ -297,9 +328,10 @@ _JS = r"""
     $(id).addEventListener('input', listTranscripts); $(id).addEventListener('change', listTranscripts);
   });
   window.rlfactoryDashboard = {polls: 0, open: openTranscript,
-    points: function(id){ var c = $('c-' + id); return c ? parseInt(c.dataset.points, 10) : 0; }};
+    points: function(id){ var c = $('c-' + id); return c ? parseInt(c.dataset.points, 10) : 0; },
+    badLines: function(i){ return state[i] ? state[i].bad : 0; }};
   get('api/runs').then(function(rs){
-    runs = rs; state = rs.map(function(){ return {rows: [], epoch: null, latencies: {}}; });
+    runs = rs; state = rs.map(function(){ return {rows: [], epoch: null, latencies: {}, bad: 0, badNotes: []}; });
     poll();
   });
 })();
@@ -329,7 +361,7 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{t}</title><style>{VIEWER_CSS}{_CSS}</style></head><body>"
-        f'<header><h1>{t}</h1><div id="runs"></div><div id="error"></div></header><main class="dash">'
+        f'<header><h1>{t}</h1><div id="runs"></div><div id="notes"></div><div id="error"></div></header><main class="dash">'
         f"{sections}"
         '<h2>Newest transcripts</h2><div id="filters">'
         '<label>run <select id="f-run"></select></label>'

@@ -3,19 +3,29 @@
 The dashboard polls these; they only read what the trainer already writes (metrics.jsonl, transcripts/step_*.jsonl,
 summary.json), so watching a run costs the trainer nothing. A metrics line still being written (no newline yet) is
 left for the next read; a file that shrank (a resumed run truncates rows past its checkpoint) is read again from the
-start, and the reader reports that with `reset`.
+start, and the reader reports that with `reset`. A complete line that is not a row (metrics.parse_metrics_line says
+why) is skipped and counted, with the newest few reasons kept for the page; the read position moves past it, so one
+bad line never stops the rows after it.
 
 Left out: TensorBoard events and checkpoints (the dashboard shows what the JSONL files hold).
 """
 from __future__ import annotations
 
-import json
+import logging
+import math
 import threading
 from pathlib import Path
 from typing import Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.report.metrics import MAX_LINE_BYTES, BadMetricsLine, parse_metrics_line
 from rlfactory.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+_READ_BLOCK = 1 << 20
+_BAD_NOTES_KEPT = 5
+_BAD_LINES_LOGGED = 10
 
 
 def check_run_dir(path: str | Path) -> Path:
@@ -39,31 +49,67 @@ class RunWatch:
         self._rows: list[dict[str, Any]] = []
         self._offset = 0  # bytes of metrics.jsonl already parsed (whole lines only)
         self._epoch = 0  # bumped when the file is read again from the start
+        self._line = 0  # complete lines read, good or bad: the number a bad line is reported under
+        self._skipping = False  # inside an over-long line, whose bytes so far were dropped
+        self._bad = 0
+        self._bad_notes: list[str] = []  # the newest few bad lines, "line N: why"
         self._traj_files: dict[str, tuple[float, list[Trajectory]]] = {}
 
     # -- metrics ---------------------------------------------------------------------------------------------------
     def _refresh_metrics(self) -> None:
         path = self.run / "metrics.jsonl"
-        if not path.is_file():
+        try:
+            size = path.stat().st_size
+        except OSError:  # not written yet (a live run before its first step), or gone
             return
-        size = path.stat().st_size
         if size < self._offset:  # truncated by a resume: start over
             self._rows, self._offset, self._epoch = [], 0, self._epoch + 1
+            self._line, self._skipping, self._bad, self._bad_notes = 0, False, 0, []
         if size == self._offset:
             return
         with path.open("rb") as f:
             f.seek(self._offset)
-            chunk = f.read(size - self._offset)
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return  # only a partial line so far
-        for line in chunk[:end].splitlines():
-            if line.strip():
-                try:
-                    self._rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a torn line (not expected: the trainer writes whole lines)
-                    continue
-        self._offset += end + 1
+            left, pending = size - self._offset, b""
+            while left > 0:
+                block = f.read(min(_READ_BLOCK, left))
+                if not block:
+                    break
+                left -= len(block)
+                pending += block
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    self._take(pending[start:end])
+                    start = end + 1
+                self._offset += start
+                pending = pending[start:]
+                if len(pending) > MAX_LINE_BYTES:
+                    # A line too long to be a row: forget its bytes as they come (memory stays bounded however
+                    # long it grows) and count it once its newline arrives.
+                    self._offset += len(pending)
+                    pending, self._skipping = b"", True
+        # What is left in `pending` is a line still being written: it is read again, whole, next time.
+
+    def _take(self, line: bytes) -> None:
+        """One complete line: a row, or a counted bad line (the read position moves past it either way)."""
+        self._line += 1
+        if self._skipping:
+            self._skipping = False
+            self._skip(f"over the {MAX_LINE_BYTES // 2**20} MiB a metrics row may take")
+            return
+        if not line.strip():
+            return
+        try:
+            self._rows.append(_flat(parse_metrics_line(line)))
+        except BadMetricsLine as e:
+            self._skip(str(e))
+
+    def _skip(self, why: str) -> None:
+        self._bad += 1
+        note = f"line {self._line}: {why}"
+        self._bad_notes = (self._bad_notes + [note])[-_BAD_NOTES_KEPT:]
+        if self._bad <= _BAD_LINES_LOGGED:
+            logger.warning("%s/metrics.jsonl %s (skipped%s)", self.run, note,
+                           "; further bad lines are counted, not logged" if self._bad == _BAD_LINES_LOGGED else "")
 
     def metrics(self, since: int = 0, epoch: int | None = None) -> dict[str, Any]:
         """Rows from index `since` on. When the file was rewritten since the caller's `epoch`, all rows come back
@@ -73,7 +119,7 @@ class RunWatch:
             reset = epoch is not None and epoch != self._epoch
             start = 0 if reset else max(0, since)
             return {"epoch": self._epoch, "reset": reset, "from": start, "rows": self._rows[start:],
-                    "total": len(self._rows)}
+                    "total": len(self._rows), "bad_lines": self._bad, "bad_line_notes": list(self._bad_notes)}
 
     def status(self) -> dict[str, Any]:
         """Name (the folder's: runs of one recipe differ by folder), whether the run has finished (summary.json
@@ -95,6 +141,7 @@ class RunWatch:
         with self._lock:
             self._refresh_metrics()
             info["steps"] = len(self._rows)
+            info["bad_lines"], info["bad_line_notes"] = self._bad, list(self._bad_notes)
         return info
 
     # -- transcripts -----------------------------------------------------------------------------------------------
@@ -150,6 +197,21 @@ class RunWatch:
                         if not c.cached:
                             out.setdefault(c.name, []).append(c.latency_s)
         return out
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the page may take it: numbers (non-finite ones as null, as the trainer writes them), strings,
+    booleans and nulls; a nested list or object becomes null (rows are flat, and nesting would only cost the
+    server its depth in recursion when answering)."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, float):
+            out[k] = v if math.isfinite(v) else None
+        elif v is None or isinstance(v, (bool, int, str)):
+            out[k] = v
+        else:
+            out[k] = None
+    return out
 
 
 def _step_of(path: Path) -> int:

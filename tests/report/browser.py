@@ -70,6 +70,19 @@ class Browser:
     def goto(self, url: str) -> None:
         self.call("Page.navigate", url=url)
 
+    def record_script_errors(self) -> None:
+        """From the next page load on, keep the page's uncaught exceptions and unhandled promise rejections for
+        `script_errors()` (call before `goto`)."""
+        self.call("Page.enable")
+        self.call("Page.addScriptToEvaluateOnNewDocument", source=(
+            "window.__scriptErrors = [];"
+            "window.addEventListener('error', function(e){ window.__scriptErrors.push(String(e.message)); });"
+            "window.addEventListener('unhandledrejection', function(e){"
+            " window.__scriptErrors.push('unhandled rejection: ' + String(e.reason)); });"))
+
+    def script_errors(self) -> list[str]:
+        return self.js("window.__scriptErrors || []")
+
     def js(self, expression: str) -> Any:
         """The value of a JS expression in the page (promises awaited)."""
         res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)

@@ -15,7 +15,7 @@ import pytest
 from browser import Browser, wait_for
 
 from rlfactory.errors import RLFactoryError
-from rlfactory.report.metrics import read_metrics
+from rlfactory.report.metrics import parse_metrics_line, read_metrics
 from rlfactory.report.run_watch import RunWatch, check_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,3 +243,203 @@ def test_the_server_answers_bad_requests_with_clear_errors(tmp_path):
             make_server([run], port=busy.server_address[1], tokenizers=False)
         finally:
             busy.server_close()
+
+
+# -- damaged metrics.jsonl lines (issue 40, item 7) ------------------------------------------------------------------
+def _serve(run_dirs, **kw):
+    import threading
+
+    from rlfactory.report.dashboard import make_server
+
+    server = make_server(run_dirs, port=0, tokenizers=False, **kw)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _unserve(server, thread) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=30)
+
+
+def _request(port: int, path: str, host: str | None = "default") -> tuple[int, bytes]:
+    """GET on 127.0.0.1:port with the Host header given (None: none at all)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        if host is not None:
+            conn.putheader("Host", f"127.0.0.1:{port}" if host == "default" else host)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+ENDPOINTS = ["/", "/api/runs", "/api/metrics?run=0", "/api/metrics?run=0&since=2&epoch=0",
+             "/api/transcripts?run=0", "/api/tool_latencies?run=0"]
+
+
+def test_bad_metrics_lines_are_skipped_and_counted_and_the_rows_after_them_show(tmp_path):
+    import poison_metrics as pm
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = pm.stream(12)
+    pm.write(run / "metrics.jsonl", lines)
+    rows_written = [ln for ln in lines if ln.is_row]
+    bad = len(lines) - len(rows_written)
+    with (run / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"step": 100, "reward/me')  # a line being written: not bad, not a row yet
+    server, thread = _serve([run])
+    port = server.server_address[1]
+    try:
+        for path in ENDPOINTS:
+            code, body = _request(port, path)
+            assert code == 200, (path, body[:300])
+        got = json.loads(_request(port, "/api/metrics?run=0")[1])
+        assert [r["step"] for r in got["rows"]] == [parse_metrics_line(ln.data)["step"] for ln in rows_written]
+        assert got["bad_lines"] == bad and len(got["bad_line_notes"]) == 5
+        assert "over the 4 MiB" in got["bad_line_notes"][-1] and "not JSON" in got["bad_line_notes"][-2]
+        runs = json.loads(_request(port, "/api/runs")[1])
+        assert runs[0]["bad_lines"] == bad and runs[0]["steps"] == len(rows_written)
+        odd = {r["step"]: r for r in got["rows"] if r["step"] > 12}
+        assert odd[13]["loss/pg"] is None and odd[13]["loss/kl"] is None  # NaN, Infinity
+        assert odd[14]["tools/calls"] is None and odd[14]["loss/kl"] is None and odd[14]["loss/pg"] == 1e30
+        assert odd[15]["loss/pg"] == "high" and odd[16]["rollout/num_turns_mean"] is None
+        assert all(n.startswith("line ") for n in got["bad_line_notes"])  # the newest five; the log has them all
+
+        # The line being written completes: it is a row, not a bad line; later bad and good lines are read on.
+        with (run / "metrics.jsonl").open("ab") as f:
+            f.write(b'an": 0.5}\nnull\n' + b"\xff" * 10 + b"\n")
+            f.write(json.dumps(pm.good_row(101)).encode() + b"\n")
+        more = json.loads(_request(port, f"/api/metrics?run=0&since={got['total']}&epoch={got['epoch']}")[1])
+        assert [r["step"] for r in more["rows"]] == [100, 101] and more["bad_lines"] == bad + 2
+        assert "not UTF-8" in more["bad_line_notes"][-1] and "null" in more["bad_line_notes"][-2]
+
+        # An over-long line still being written is not counted until its newline, nor held in memory meanwhile.
+        with (run / "metrics.jsonl").open("ab") as f:
+            f.write(b'{"pad": "' + b"y" * (6 << 20))
+        assert json.loads(_request(port, "/api/metrics?run=0&since=0")[1])["bad_lines"] == bad + 2
+        with (run / "metrics.jsonl").open("ab") as f:
+            f.write(b'"}\n' + json.dumps(pm.good_row(102)).encode() + b"\n")
+        last = json.loads(_request(port, "/api/metrics?run=0&since=0")[1])
+        assert last["rows"][-1]["step"] == 102 and last["bad_lines"] == bad + 3
+        assert "over the 4 MiB" in last["bad_line_notes"][-1]
+        assert last["bad_line_notes"][-1].startswith(f"line {len(lines) + 5}:")
+        for path in ENDPOINTS:
+            assert _request(port, path)[0] == 200, path
+    finally:
+        _unserve(server, thread)
+    # `rlfactory report` and the verl run folder read the same file: they skip the same lines
+    assert [r["step"] for r in read_metrics(run)][-3:] == [100, 101, 102]
+
+
+def test_the_page_survives_damaged_metrics_lines_in_chromium(tmp_path, free_port):
+    import poison_metrics as pm
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = pm.stream(10, big_line_mb=5)
+    pm.write(run / "metrics.jsonl", lines)
+    rows = sum(ln.is_row for ln in lines)
+    bad = len(lines) - rows
+    dash = subprocess.Popen([sys.executable, "-m", "rlfactory.cli", "dashboard", str(run), "--port", str(free_port)],
+                            cwd=tmp_path, stdout=(tmp_path / "dash.log").open("w"), stderr=subprocess.STDOUT)
+    browser = None
+    try:
+        url = f"http://127.0.0.1:{free_port}/"
+        wait_for(lambda: _get(url), 120, "the dashboard's page", dash)
+        browser = Browser(tmp_path / "chrome-profile")
+        browser.record_script_errors()
+        browser.goto(url + "?poll=300")
+        browser.wait_js(f"window.rlfactoryDashboard && rlfactoryDashboard.points('reward') === {rows}", 120,
+                        f"{rows} reward points")
+        note = browser.wait_js("document.querySelector('#notes .note') && "
+                               "document.querySelector('#notes .note').textContent", 60, "the bad-lines note")
+        assert f"{bad} bad lines in metrics.jsonl skipped" in note, note
+        assert browser.js("document.getElementById('error').textContent") == ""
+        assert browser.js("rlfactoryDashboard.points('tcalls')") > 0
+        assert browser.js("Object.prototype.calls === undefined && ({}).errors === undefined")
+        # The page goes on polling: rows and bad lines written now show up in the same page.
+        polls = browser.js("rlfactoryDashboard.polls")
+        with (run / "metrics.jsonl").open("ab") as f:
+            f.write(b"null\n[1]\n" + json.dumps(pm.good_row(50)).encode() + b"\n\xc3\x28\n")
+        browser.wait_js(f"rlfactoryDashboard.points('reward') === {rows + 1}", 120, "the row written later")
+        browser.wait_js(f"rlfactoryDashboard.badLines(0) === {bad + 3}", 60, "the later bad lines counted")
+        assert browser.js("rlfactoryDashboard.polls") > polls
+        assert browser.js("document.getElementById('error').textContent") == ""
+        assert browser.script_errors() == []
+    finally:
+        if browser is not None:
+            browser.close()
+        _stop(dash, signal.SIGINT)
+
+
+# -- Host header guard and the warning off loopback (issue 40, item 8) --------------------------------------------------
+def test_requests_naming_another_host_are_refused(tmp_path):
+    import socket
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    server, thread = _serve([run])
+    port = server.server_address[1]
+    try:
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost.:{port}", f"[::1]:{port}", "localhost"):
+            for path in ("/", "/api/runs"):
+                assert _request(port, path, host)[0] == 200, (host, path)
+        for host in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}", f"localhost:{port + 1}",
+                     f"10.0.0.1:{port}", f"127.0.0.1:{port}@evil.example", "", "[::1", "localhost:" + "9" * 5000):
+            code, body = _request(port, "/api/metrics?run=0", host)
+            assert code == 421 or (code == 400 and not host), (host, code)
+            if host:
+                assert "DNS rebinding" in json.loads(body)["error"] and "--allow-host" in json.loads(body)["error"]
+            code, body = _request(port, "/", host)
+            assert code in (400, 421) and b"reward" not in body
+        code, body = _request(port, "/api/runs", None)  # no Host header at all
+        assert code == 400 and "no Host header" in json.loads(body)["error"]
+    finally:
+        _unserve(server, thread)
+
+    # Every interface: any address and this machine's names, the names allowed, nothing else.
+    server, thread = _serve([run], host="0.0.0.0", allowed_hosts=["dash.example.org", "proxy.example.org:8443"])
+    port = server.server_address[1]
+    try:
+        for host in (f"10.1.2.3:{port}", f"[fe80::1]:{port}", f"{socket.gethostname()}:{port}",
+                     "dash.example.org", f"dash.example.org:{port}", "proxy.example.org:8443"):
+            assert _request(port, "/api/runs", host)[0] == 200, host
+        for host in (f"evil.example:{port}", "proxy.example.org:443"):
+            assert _request(port, "/api/runs", host)[0] == 421, host
+    finally:
+        _unserve(server, thread)
+    with pytest.raises(RLFactoryError, match="--allow-host"):
+        _serve([run], allowed_hosts=["bad host:x"])
+
+
+def test_listening_beyond_loopback_warns_that_there_is_no_authentication(tmp_path, free_port):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    log = tmp_path / "dash.log"
+    dash = subprocess.Popen([sys.executable, "-m", "rlfactory.cli", "dashboard", str(run), "--host", "0.0.0.0",
+                             "--port", str(free_port), "--allow-host", "dash.example.org"], cwd=tmp_path,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _get(f"http://127.0.0.1:{free_port}/"), 120, "the dashboard's page", dash)
+        text = log.read_text()
+        assert "no authentication" in text and "ssh -L" in text, text
+        assert _request(free_port, "/api/runs", f"dash.example.org:{free_port}")[0] == 200
+        assert _request(free_port, "/api/runs", f"evil.example:{free_port}")[0] == 421
+    finally:
+        _stop(dash, signal.SIGINT)
+    quiet = subprocess.Popen([sys.executable, "-m", "rlfactory.cli", "dashboard", str(run), "--port", str(free_port)],
+                             cwd=tmp_path, stdout=(tmp_path / "quiet.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _get(f"http://127.0.0.1:{free_port}/"), 120, "the dashboard's page", quiet)
+        assert "no authentication" not in (tmp_path / "quiet.log").read_text()
+    finally:
+        _stop(quiet, signal.SIGINT)
