@@ -15,7 +15,7 @@ import pytest
 class ServeProcess:
     """`rlfactory serve --tiny-random` on 127.0.0.1:port, started and stopped by the fixture."""
 
-    def __init__(self, log_path):
+    def __init__(self, log_path, *extra_args: str):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -23,13 +23,17 @@ class ServeProcess:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlfactory.cli", "serve", "--tiny-random", "--host", "127.0.0.1",
-             "--port", str(self.port), "--max-tokens", "64"],
+             "--port", str(self.port), "--max-tokens", "64", *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def health(self) -> dict:
         return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=10).json()

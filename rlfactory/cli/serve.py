@@ -1,4 +1,4 @@
-"""`rlfactory serve`: serve a model as an OpenAI-compatible chat-completions API (see rlfactory/serve.py)."""
+"""`rlfactory serve`: serve a model as an OpenAI-compatible chat-completions API (see rlfactory/serve/server.py)."""
 from __future__ import annotations
 
 import typer
@@ -23,6 +23,8 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(None, help="cpu, cuda, cuda:1 (default: cuda when available)."),
         dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
         seed: int = typer.Option(0, help="Initialisation seed of the tiny random model."),
+        max_body_mb: float = typer.Option(8.0, min=0.001,
+                                          help="Largest request body in MiB; larger ones get HTTP 413 unread."),
     ) -> None:
         """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, /v1/models, /health)."""
         if tiny_random:
@@ -41,4 +43,4 @@ def register(app: typer.Typer) -> None:
             fail(str(e))
         console.print(f"serving [bold]{server.model_name}[/bold] at http://{host}:{port}/v1 "
                       f"(POST /v1/chat/completions, GET /v1/models, GET /health)", highlight=False)
-        uvicorn.run(build_app(server), host=host, port=port, log_level="warning")
+        uvicorn.run(build_app(server, max_body_mb=max_body_mb), host=host, port=port, log_level="warning")

@@ -6,11 +6,16 @@ together — and the reply is parsed back: a `<think>` block becomes `reasoning_
 OpenAI `tool_calls` (finish_reason "tool_calls").
 
 Honoured request fields: messages, tools, temperature, top_p, top_k (vLLM's), max_tokens / max_completion_tokens,
-stop, seed, n, stream, chat_template_kwargs (e.g. {"enable_thinking": false}), and vLLM's `guided_choice` /
-`structured_outputs.choice` (the choice with the highest model logprob wins at temperature 0, else one is sampled
-from the choices' probabilities) — which lets an LLM judge force a bare score.
+stop, seed, n, stream, chat_template_kwargs (the chat template's own inputs, e.g. {"enable_thinking": false}), and
+vLLM's `guided_choice` / `structured_outputs.choice` (the choice with the highest model logprob wins at temperature
+0, else one is sampled from the choices' probabilities) — which lets an LLM judge force a bare score.
 Streaming sends the whole reply as one chunk once it is generated (no token-by-token streaming). Rejected with
 HTTP 400: logprobs, logit_bias, response_format. Other OpenAI fields are ignored.
+
+One request cannot fail the others: its fields are checked (request.py) before anything reaches the engine, bodies
+over the cap get 413 unread (body_limit.py), parsing, rendering and tokenizing run off the event loop (prompt.py),
+forced choices are scored in bounded memory one request at a time (choices.py), and any error in a request is a
+JSON error for that request alone.
 """
 from __future__ import annotations
 
@@ -19,15 +24,15 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from rlfactory.errors import RLFactoryError
 from rlfactory.models.devices import resolve_device
@@ -36,53 +41,38 @@ from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, load_qwen_tokenizer
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import SamplingParams
+from rlfactory.serve.body_limit import BodyLimit
+from rlfactory.serve.choices import choice_logprobs, encode_choices, pick
+from rlfactory.serve.prompt import build_prompt
+from rlfactory.serve.request import (
+    UNSUPPORTED_FIELDS,
+    ChatRequest,
+    RequestError,
+    check_template_kwargs,
+    describe_validation,
+    forced_choices,
+    parse_request,
+    template_inputs,
+)
 from rlfactory.tools.format import OPEN_TAG, parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["TINY_RANDOM", "ChatRequest", "ChatServer", "RequestError", "build_app", "load_server", "split_reply"]
+
 TINY_RANDOM = "tiny-random"
 """MODEL value (or `--tiny-random`) for a randomly initialised tiny Qwen3 with the offline Qwen3 tokenizer."""
-_UNSUPPORTED = ("logprobs", "logit_bias", "response_format")
-
-
-class ChatRequest(BaseModel):
-    """The part of OpenAI's chat-completions request this server honours."""
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    """vLLM's extension; -1 = off."""
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = Field(1, ge=1, le=64)
-    stream: bool = False
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    guided_choice: list[str] | None = None
-    structured_outputs: dict[str, Any] | None = None
-
-
-class RequestError(ValueError):
-    """A request this server cannot answer; becomes HTTP `status` with an OpenAI-style error body."""
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-def _normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # OpenAI clients send tool-call arguments as JSON strings; the template prints strings verbatim, which is right.
-    out = []
-    for m in messages:
-        m = dict(m)
-        if isinstance(m.get("content"), list):  # content parts: keep the text ones
-            m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
-        out.append(m)
-    return out
+DEFAULT_MAX_BODY_MB = 8.0
+"""Largest request body taken by default (`--max-body-mb`): far more than any prompt that fits a 40k context."""
+MAX_CHOICES = 64
+"""Most forced choices one request may list."""
+MAX_CHOICE_TOKENS = 128
+"""Longest forced choice, in tokens (labels, scores, a tool call; not documents)."""
+INLINE_BODY_BYTES = 64 * 1024
+"""Bodies up to this size are parsed and rendered on the shared threads; larger ones queue for one thread of their
+own, so that a few multi-megabyte requests cannot hold every worker thread or much memory at once."""
+GREEDY_BELOW = 1e-5
+"""Temperatures under this are greedy: dividing by them overflows float32 logits and scores."""
 
 
 def split_reply(text: str) -> tuple[str | None, str, list[dict[str, Any]]]:
@@ -105,10 +95,12 @@ def split_reply(text: str) -> tuple[str | None, str, list[dict[str, Any]]]:
 class ChatServer:
     """The engine, tokenizer and bookkeeping behind the HTTP app."""
     def __init__(self, model: Any, tokenizer: Any, model_name: str, *, max_batch_size: int = 64,
-                 default_max_tokens: int = 512):
+                 default_max_tokens: int = 512, max_choices: int = MAX_CHOICES,
+                 max_choice_tokens: int = MAX_CHOICE_TOKENS):
 
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.default_max_tokens = default_max_tokens
+        self.max_choices, self.max_choice_tokens = max_choices, max_choice_tokens
         eos = {tokenizer.eos_token_id}
         for tok in ("<|im_end|>", "<|endoftext|>"):
             tid = tokenizer.convert_tokens_to_ids(tok)
@@ -120,87 +112,81 @@ class ChatServer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.engine = HFEngine(model, pad_token_id=pad, eos_token_ids=self.eos_ids, tokenizer=tokenizer,
                                max_batch_size=max_batch_size)
+        self.template_inputs = template_inputs(tokenizer)
+        """What `chat_template_kwargs` may set: the chat template's own inputs."""
+        self._large = ThreadPoolExecutor(1, thread_name_prefix="serve-large")
+        self._choices = ThreadPoolExecutor(1, thread_name_prefix="serve-choices")  # one scoring's memory at a time
         self.requests = 0
+        self.in_flight = 0
+        """Requests being answered now (from their checks to their reply)."""
         self.created = int(time.time())
-        logger.info("serving %s (%s parameters, stop ids %s)", model_name,
-                    f"{sum(p.numel() for p in model.parameters()):,}", self.eos_ids)
+        logger.info("serving %s (%s parameters, stop ids %s, chat_template_kwargs: %s)", model_name,
+                    f"{sum(p.numel() for p in model.parameters()):,}", self.eos_ids,
+                    ", ".join(sorted(self.template_inputs)) or "none")
 
-    def render(self, req: ChatRequest) -> list[int]:
-        kwargs = dict(req.chat_template_kwargs)
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                _normalise_messages(req.messages), tools=req.tools or None, add_generation_prompt=True,
-                tokenize=True, **kwargs)
-        except Exception as e:  # a template error is the request's fault (bad roles, missing fields)
-            raise RequestError(f"could not render the messages with the chat template: {e}") from e
-        if hasattr(ids, "keys"):  # transformers >= 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+    @staticmethod
+    async def _off_loop(pool: ThreadPoolExecutor | None, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
-    def _pick_choice(self, prompt_ids: list[int], choices: list[str], temperature: float, seed: int | None) -> str:
-        """Score each choice (its tokens + end of turn) by total logprob given the prompt; runs in a thread."""
-        seqs = [self.tokenizer.encode(c, add_special_tokens=False) + [self.eos_ids[0]] for c in choices]
-        width = len(prompt_ids) + max(len(s) for s in seqs)
-        device = next(self.model.parameters()).device
-        ids = torch.full((len(seqs), width), self.engine.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):  # right padding: the prompt sits at the same positions in every row
-            row = prompt_ids + s
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
-        first = len(prompt_ids) - 1  # the position that predicts each choice's first token
-        with torch.inference_mode():
-            try:  # only the positions that predict choice tokens need the (vocab-wide) LM head
-                logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                    logits_to_keep=width - first).logits.float()
-            except TypeError:  # models without `logits_to_keep`
-                logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-                logits = logits[:, first:]
-        logp = torch.log_softmax(logits, dim=-1)  # [C, width - first, V]: row t predicts token first + t + 1
-        scores = []
-        for i, s in enumerate(seqs):
-            pos = torch.arange(len(s), device=logp.device)
-            scores.append(logp[i, pos, torch.tensor(s, device=logp.device)].sum())
-        total = torch.stack(scores).cpu()
-        if temperature == 0:
-            return choices[int(total.argmax())]
-        gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
-        return choices[int(torch.multinomial(torch.softmax(total / temperature, 0), 1, generator=gen))]
+    async def parse(self, body: bytes) -> ChatRequest:
+        """The request in a raw body (a big body is parsed off the event loop), or a RequestError."""
+        if len(body) <= INLINE_BODY_BYTES:
+            return parse_request(body)
+        return await self._off_loop(self._large, parse_request, body)
 
-    async def complete(self, req: ChatRequest) -> dict[str, Any]:
+    def choose(self, prompt_ids: list[int], choices: list[str], temperature: float,
+               seeds: list[int | None]) -> list[tuple[str, int]]:
+        """One pick among `choices` per seed, with its length in tokens (blocking: scores all choices once)."""
+        seqs = encode_choices(self.tokenizer, choices, self.eos_ids[0], max_tokens=self.max_choice_tokens)
+        scores = choice_logprobs(self.model, prompt_ids, seqs)
+        picked = [pick(choices, scores, temperature, seed) for seed in seeds]
+        return [(c, len(seqs[choices.index(c)]) - 1) for c in picked]
+
+    async def complete(self, req: ChatRequest, *, body_bytes: int = 0) -> dict[str, Any]:
         """Answer one chat-completions request (all `n` choices generated concurrently, batched by the engine)."""
         self.requests += 1
-        bad = [f for f in _UNSUPPORTED if (req.model_extra or {}).get(f) not in (None, False)]
+        self.in_flight += 1
+        try:
+            return await self._complete(req, body_bytes)
+        finally:
+            self.in_flight -= 1
+
+    async def _complete(self, req: ChatRequest, body_bytes: int) -> dict[str, Any]:
+        bad = [f for f in UNSUPPORTED_FIELDS if (req.model_extra or {}).get(f) not in (None, False)]
         if bad:
             raise RequestError(f"unsupported request field(s): {', '.join(bad)}")
         if req.model and req.model != self.model_name:
             raise RequestError(f"model '{req.model}' is not served here; this server serves '{self.model_name}' "
                                f"(GET /v1/models)", status=404)
-        prompt_ids = self.render(req)
-        room = self.engine.max_context - len(prompt_ids)
-        if room <= 0:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the model's context is "
-                               f"{self.engine.max_context}")
-        max_new = min(req.max_completion_tokens or req.max_tokens or self.default_max_tokens, room)
+        check_template_kwargs(req.chat_template_kwargs, self.template_inputs)
+        choices = forced_choices(req, max_choices=self.max_choices)
+        prompt_ids = await self._off_loop(self._large if body_bytes > INLINE_BODY_BYTES else None, build_prompt,
+                                          self.tokenizer, req.messages, req.tools, dict(req.chat_template_kwargs),
+                                          self.engine.max_context)
+        max_new = min(req.max_completion_tokens or req.max_tokens or self.default_max_tokens,
+                      self.engine.max_context - len(prompt_ids))
         stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
-        choices = req.guided_choice or (req.structured_outputs or {}).get("choice")
+        temperature = 0.0 if req.temperature < GREEDY_BELOW else req.temperature
+        seeds = [None if req.seed is None else req.seed + i for i in range(req.n)]
 
-        async def one(i: int) -> tuple[str, str, int]:
-            seed = None if req.seed is None else req.seed + i
-            if choices:
-                text = await asyncio.to_thread(self._pick_choice, prompt_ids, [str(c) for c in choices],
-                                               req.temperature, seed)
-                return text, "stop", len(self.tokenizer.encode(text, add_special_tokens=False))
-            sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        async def one(seed: int | None) -> tuple[str, str, int]:
+            sampling = SamplingParams(temperature=temperature, top_p=req.top_p, top_k=req.top_k,
                                       max_new_tokens=max_new, stop_strings=stops, seed=seed)
-            out = await self.engine.generate(prompt_ids, sampling)
+            try:
+                out = await self.engine.generate(prompt_ids, sampling)
+            except ValueError as e:  # the engine's checks of this request's prompt and sampling
+                raise RequestError(str(e)) from e
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             cut = [text.index(s) for s in stops if s in text]
             # OpenAI leaves the stop string out of the reply.
             return (text[: min(cut)], "stop", len(out.token_ids)) if cut else (
                 text, out.finish_reason if out.finish_reason == "length" else "stop", len(out.token_ids))
 
-        results = await asyncio.gather(*(one(i) for i in range(req.n)))
+        if choices:
+            picked = await self._off_loop(self._choices, self.choose, prompt_ids, choices, temperature, seeds)
+            results = [(text, "stop", tokens) for text, tokens in picked]
+        else:
+            results = await asyncio.gather(*(one(seed) for seed in seeds))
         out_choices = []
         for i, (text, finish, _) in enumerate(results):
             reasoning, content, tool_calls = split_reply(text)
@@ -219,6 +205,11 @@ class ChatServer:
                       "total_tokens": len(prompt_ids) + completion_tokens},
         }
 
+    async def close(self) -> None:
+        await self.engine.close()
+        for pool in (self._large, self._choices):
+            pool.shutdown(wait=False, cancel_futures=True)
+
 
 def _stream_chunks(response: dict[str, Any]):
     """The whole reply as server-sent events: one delta chunk per choice, a final chunk, then [DONE]."""
@@ -234,32 +225,38 @@ def _stream_chunks(response: dict[str, Any]):
     yield "data: [DONE]\n\n"
 
 
-def build_app(server: ChatServer) -> FastAPI:
-    """The FastAPI app: OpenAI-style routes over `server`."""
+def _error(message: str, status: int) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def build_app(server: ChatServer, *, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> FastAPI:
+    """The FastAPI app: OpenAI-style routes over `server`; bodies over `max_body_mb` MiB get 413."""
     @asynccontextmanager
     async def lifespan(_app: Any):
         yield
-        await server.engine.close()
+        await server.close()
 
     app = FastAPI(title="rlfactory serve", lifespan=lifespan)
-
-    def error(message: str, status: int) -> JSONResponse:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    app.add_middleware(BodyLimit, limit_bytes=int(max_body_mb * 2**20))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
-        return error(f"invalid request: {where}", 400)
+        return _error(f"invalid request: {describe_validation(exc)}", 400)
 
     @app.exception_handler(RequestError)
     async def _bad(_request: Request, exc: RequestError) -> JSONResponse:
-        return error(str(exc), exc.status)
+        return _error(str(exc), exc.status)
+
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:  # a bug: this request fails, alone
+        logger.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return _error(f"the server failed on this request: {type(exc).__name__}: {exc}", 500)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         stats = server.engine.stats
-        return {"status": "ok", "model": server.model_name, "requests": server.requests,
+        return {"status": "ok", "model": server.model_name, "requests": server.requests, "in_flight": server.in_flight,
                 "engine": {"requests": stats.requests, "prefill_batches": stats.prefill_batches,
                            "max_batch_rows": stats.max_batch_rows, "generated_tokens": stats.generated_tokens}}
 
@@ -269,14 +266,22 @@ def build_app(server: ChatServer) -> FastAPI:
                                             "owned_by": "rlfactory"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request) -> Any:
+    async def chat(request: Request) -> Any:
+        body = await request.body()  # BodyLimit stops it at the cap
+        req = await server.parse(body)
         # A client that gave up (e.g. a judge's timeout) should not keep the engine busy: cancel its generation.
-        task = asyncio.ensure_future(server.complete(req))
+        task = asyncio.ensure_future(server.complete(req, body_bytes=len(body)))
         while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
                 task.cancel()
-                return error("client disconnected", 499)
-        response = task.result()
+                return _error("client disconnected", 499)
+        try:
+            response = task.result()
+        except RequestError:
+            raise
+        except Exception as e:
+            logger.exception("chat completion failed")
+            return _error(f"the server failed on this request: {type(e).__name__}: {e}", 500)
         if req.stream:
             return StreamingResponse(_stream_chunks(response), media_type="text/event-stream")
         return response

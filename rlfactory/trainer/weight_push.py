@@ -84,3 +84,11 @@ class SharedWeights:
             for name, buf in self.buffers.items():
                 params[name].copy_(buf)
             return int(self._version[0])
+
+    def read(self, have: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version, name -> a copy of its tensor) when the buffers hold a newer version than `have`, else None; for
+        engines that load weights their own way (vLLM)."""
+        if self.version <= have:
+            return None
+        with self._lock:
+            return int(self._version[0]), {name: buf.clone() for name, buf in self.buffers.items()}

@@ -142,8 +142,9 @@ def test_forced_choice_picks_the_highest_logprob_choice():
         return sum(logp[t - 1, ids[t]].item() for t in range(len(prompt_ids), len(ids)))
 
     expected = max(choices, key=total_logprob)
-    assert server._pick_choice(prompt_ids, choices, temperature=0.0, seed=None) == expected
-    sampled = {server._pick_choice(prompt_ids, choices, temperature=1.0, seed=s) for s in range(5)}
+    [(picked, tokens)] = server.choose(prompt_ids, choices, 0.0, [None])
+    assert picked == expected and tokens == len(tok.encode(expected, add_special_tokens=False))
+    sampled = {c for c, _ in server.choose(prompt_ids, choices, 1.0, list(range(5)))}
     assert sampled <= set(choices)
 
 

@@ -41,7 +41,14 @@ from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.precision import autocast
 from rlfactory.rollout.engines.hf_kv import BatchKV
 from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
-from rlfactory.rollout.engines.hf_request import EngineStats, Request, finish_reason, new_tokens, resolve_many
+from rlfactory.rollout.engines.hf_request import (
+    EngineStats,
+    Request,
+    checked_prompt,
+    finish_reason,
+    new_tokens,
+    resolve_many,
+)
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 
@@ -94,6 +101,8 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_prefill_tokens = max_prefill_tokens
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.vocab_size = int(getattr(model.config, "vocab_size", None) or 1 << 62)
+        """Token ids a prompt may hold (`generate` refuses others before they reach a batch)."""
         self.stats = EngineStats()
         self.policy_version = 0
         """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
@@ -123,6 +132,7 @@ class HFEngine:
     ) -> GenerationOutput:
         if self._closed:
             raise RuntimeError("HFEngine.generate called after close()")
+        prompt_ids = checked_prompt(prompt_ids, self.vocab_size)  # fails this request alone, not its batch
         if not prompt_ids:
             raise ValueError("generate: prompt_ids is empty; render at least the chat template's prompt")
         if len(prompt_ids) >= self.max_context:
@@ -136,7 +146,7 @@ class HFEngine:
             return GenerationOutput(token_ids=[], logprobs=[], finish_reason="length")
         loop = asyncio.get_running_loop()
         req = Request(
-            prompt_ids=list(prompt_ids), sampling=sampling, loop=loop, future=loop.create_future(),
+            prompt_ids=prompt_ids, sampling=sampling, loop=loop, future=loop.create_future(),
             generator=make_generator(sampling.seed, self.device),
             stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
             request_id=request_id or uuid.uuid4().hex,
@@ -155,6 +165,12 @@ class HFEngine:
     async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights between decode steps (a no-op when `state_dict` holds this model's own tensors)."""
         await asyncio.to_thread(self._load_weights, state_dict)
+
+    async def follow_weights(self, source: Any) -> None:
+        """The weight-push contract (`protocol.FollowsWeights`): load `source`'s current version now, then each newer
+        one before a step."""
+        self.weight_source = source
+        await asyncio.to_thread(self.load_pushed_weights)
 
     def load_pushed_weights(self) -> bool:
         """Load the weight source's version now if it is newer than the one loaded; True when it was."""

@@ -3,6 +3,7 @@ when a request stops, and how its result gets back to the caller's event loop (f
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +109,17 @@ def resolve_many(reqs: list[Request], error: BaseException | None = None) -> Non
 def new_tokens(r: Request) -> int:
     """Tokens a request's prefill runs: the whole prompt, or what follows its parked prefix."""
     return len(r.prompt_ids) - (len(r.past.tokens) if r.past is not None else 0)
+
+
+def checked_prompt(prompt_ids: Any, vocab_size: int) -> list[int]:
+    """`prompt_ids` as a list of ints in [0, vocab_size), or ValueError: a prompt the model cannot embed would fail
+    the whole batch's prefill, and with it every request prefilled or decoded with it."""
+    try:
+        ids = [operator.index(t) for t in prompt_ids]
+    except TypeError as e:
+        raise ValueError(f"generate: prompt_ids must be a flat sequence of integer token ids ({e})") from None
+    if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise ValueError(f"generate: prompt token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}); "
+                         f"the tokenizer and the model do not match")
+    return ids

@@ -48,6 +48,45 @@ class GenerationEngine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class WeightSource(Protocol):
+    """Pushed policy weights an engine follows while it generates: an asynchronous run's trainer publishes a new
+    version after each optimizer step (the asynchronous wing's shared weights implement this)."""
+
+    @property
+    def version(self) -> int:
+        """The newest published version (optimizer steps taken)."""
+        ...
+
+    def load_into(self, model: Any, have: int) -> int | None:
+        """Copy the weights into `model`'s trainable parameters when newer than version `have`; the version
+        loaded, or None when there was nothing newer."""
+        ...
+
+    def read(self, have: int) -> tuple[int, dict[str, Any]] | None:
+        """(version, name -> CPU tensor copy) when newer than `have`, else None: for engines that load weights
+        their own way (vLLM)."""
+        ...
+
+
+@runtime_checkable
+class FollowsWeights(Protocol):
+    """The weight-push contract: what an engine must do to be the generator of an asynchronous run."""
+
+    policy_version: int
+    """The version of the weights loaded now."""
+    weight_loads: int
+    """Pushed versions loaded so far."""
+    weight_load_s: float
+    """Seconds spent loading them."""
+
+    async def follow_weights(self, source: WeightSource) -> None:
+        """Load `source`'s current version now, and from then on each newer version between two decode steps.
+        Requests in flight continue under the new weights with the keys/values they have (a partial rollout), and
+        every sampled token is stamped (`GenerationOutput.versions`) with the version whose weights sampled it."""
+        ...
+
+
 ENGINE_COUNTERS = {"busy_s": "engine_busy_s", "prefill_s": "engine_prefill_s", "decode_steps": "engine_decode_steps",
                    "prefill_batches": "engine_prefills"}
 """The engine's cumulative counters (`EngineStats` fields) logged per step as `perf/<name>` (sync) or
