@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_SEED = 2**63 - 1
 """Largest `seed` taken: choice i of a request samples with seed + i, and a generator takes at most 2^64 - 1."""
-UNSUPPORTED_FIELDS = ("logprobs", "logit_bias", "response_format")
+UNSUPPORTED_FIELDS = ("logprobs", "logit_bias", "response_format", "guided_json", "guided_regex", "guided_grammar")
+"""Fields refused with a 400 rather than ignored: the reply could not honour them."""
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+"""Bounds on `stop`: each string is checked against the decoded tail at every step of every sample."""
 SET_BY_SERVER = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"})
 """Template inputs the server fills itself; a request sets them through its own fields, not chat_template_kwargs."""
 _NOT_INPUTS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace", "raise_exception",
@@ -44,6 +47,17 @@ class ChatRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     guided_choice: list[str] | None = None
     structured_outputs: dict[str, Any] | None = None
+
+
+    @field_validator("stop")
+    @classmethod
+    def _short_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"{len(v)} stop strings; at most {MAX_STOP_STRINGS}")
+        for s in [v] if isinstance(v, str) else v or []:
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"a stop string of {len(s)} characters; at most {MAX_STOP_CHARS}")
+        return v
 
 
 class RequestError(ValueError):
@@ -129,6 +143,9 @@ def forced_choices(req: ChatRequest, *, max_choices: int) -> list[str] | None:
     number; their length in tokens is checked once tokenized (choices.py)."""
     field, choices = "guided_choice", req.guided_choice
     if choices is None and req.structured_outputs is not None:
+        others = sorted(k for k in req.structured_outputs if k != "choice")
+        if others:
+            raise RequestError(f"structured_outputs: only `choice` is supported here, not {', '.join(others)}")
         field, choices = "structured_outputs.choice", req.structured_outputs.get("choice")
     if choices is None:
         return None

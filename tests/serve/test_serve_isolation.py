@@ -217,3 +217,17 @@ async def test_max_body_mb_sets_the_cap(tmp_path):
         server.stop()
     assert over.status_code == 413 and "at most 524,288 bytes" in _message(over)
     assert under.status_code == 200
+
+
+async def test_fields_it_cannot_honour_and_unbounded_stops_are_refused(served_model):
+    """Structured outputs other than a choice list, vLLM's guided_json / guided_regex, and stop strings past their
+    bounds get a 400 naming the field, never a reply that silently ignored them."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        for extra, named in (({"guided_json": {"type": "object"}}, "guided_json"),
+                             ({"guided_regex": "[0-9]+"}, "guided_regex"),
+                             ({"structured_outputs": {"json": {"type": "object"}}}, "json"),
+                             ({"stop": ["x"] * 17}, "stop"), ({"stop": "y" * 300}, "stop")):
+            r = await client.post(_url(served_model), json={**ORDINARY, "max_tokens": 2, **extra})
+            assert r.status_code == 400 and named in _message(r), (extra, r.text[:200])
+        ok = await client.post(_url(served_model), json={**ORDINARY, "max_tokens": 2, "stop": ["a", "b"]})
+    assert ok.status_code == 200
