@@ -1,11 +1,18 @@
 """Python sandbox MCP server (server name `python`): run a snippet in a contained subprocess.
 
 Run: `python -m rlfactory.envs.tools.python_sandbox` (stdio) or `--http --port N` (streamable HTTP on 127.0.0.1).
-Options: `--memory-mb`, `--max-timeout-s`, `--max-output-chars`, `--file-size-mb`.
+Options: `--memory-mb`, `--max-timeout-s`, `--max-output-chars`, `--file-size-mb`, `--disable LAYER` (cgroup,
+namespaces or uid; repeatable: for a machine where one misbehaves).
 
 Each call runs `python -I` in a fresh scratch directory (its cwd, deleted afterwards) and returns the exit code,
 stdout and stderr. Containment, in layers (the start-up log line says which are active):
-- wall clock: the whole process group is killed after `timeout_s`; RLIMIT_CPU stops busy loops as well.
+- wall clock: the snippet is stopped `timeout_s` after it starts; RLIMIT_CPU stops busy loops as well. A call
+  returns when the snippet's main process ends (or is stopped), whoever still holds its output pipes.
+- process lifetime: every process a snippet starts ends with its call, however it detaches (`setsid`, a double
+  fork, closed pipes, an ignored SIGTERM, a fork bomb): by `cgroup.kill` on a cgroup v2 of the call's own where
+  the machine allows one; otherwise by killing the PID namespace's init (the kernel then kills the namespace), all
+  processes of the snippet's uid, and a sweep of the wrapper's process tree, of processes carrying the call's
+  marker in their environment and of orphans this server adopts as a child subreaper (`sandbox_procs.py`).
 - memory: RLIMIT_AS (`--memory-mb`, default 512) — a hog gets MemoryError.
 - output: stdout/stderr are read with a cap; past it the rest is dropped and the snippet is stopped.
 - filesystem view: where a mount namespace can be made (root, or unprivileged user namespaces), the snippet's
@@ -18,9 +25,8 @@ stdout and stderr. Containment, in layers (the start-up log line says which are 
   Without a filesystem view the hook also refuses reading (open, listing) outside the paths the view would hold
   and the scratch directory — CPython-level only, like the rest of the hook.
 - processes: the audit hook refuses fork/exec/spawn/system/subprocess, and ctypes lookups of fork/exec/syscall/…
-  (ctypes itself stays importable: numpy needs it), so a fork bomb cannot start a second process; with a
-  per-snippet uid (below) RLIMIT_NPROC caps processes too, and when a PID namespace is available
-  (`unshare --pid`) killing the sandbox kills everything in it.
+  (ctypes itself stays importable: numpy needs it) — CPython-level, so a snippet that gets around it is still
+  held by the process-lifetime layer above; with a per-snippet uid (below) RLIMIT_NPROC caps processes too.
 - network: a new network namespace (`unshare -n`, needs root or unprivileged user namespaces) when available, and
   in every case the audit hook refuses creating sockets and name lookups (no DNS leaks).
 - signals: the hook refuses kill()/killpg() of any process but the snippet's own.
@@ -29,8 +35,8 @@ folders on the way to the interpreter are world-traversable; without it, e.g. /u
 /root), each snippet drops to a uid of its own once the view is set up, which makes RLIMIT_NPROC and file
 permissions bite, and takes away the privileges that could undo the view.
 The server is this file; a snippet's run is `sandbox_run.py`, the code its interpreter starts with (rlimits, the
-audit hook) `sandbox_boot.py`, the start-up probe of what the machine allows `sandbox_probe.py`, and the filesystem
-view `sandbox_view.py`.
+audit hook) `sandbox_boot.py`, the start-up probe of what the machine allows `sandbox_probe.py`, the filesystem
+view `sandbox_view.py`, and ending a call's processes `sandbox_procs.py`.
 Not a boundary against a determined attacker with a kernel exploit: audit hooks are CPython-level; run the server in
 a container or VM for hostile code. Not idempotent and not read-only (snippets may print time or random numbers).
 """
@@ -45,10 +51,12 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 try:
-    from .sandbox_probe import probe_isolation
+    from .sandbox_probe import LAYERS, probe_isolation
+    from .sandbox_procs import enable_subreaper
     from .sandbox_run import Isolation, Limits, run_snippet
 except ImportError:  # run as a file (`python envs/tools/python_sandbox.py`): its folder is sys.path[0]
-    from sandbox_probe import probe_isolation
+    from sandbox_probe import LAYERS, probe_isolation
+    from sandbox_procs import enable_subreaper
     from sandbox_run import Isolation, Limits, run_snippet
 
 log = logging.getLogger("rlfactory.envs.tools.python_sandbox")
@@ -91,12 +99,15 @@ def main() -> None:
     parser.add_argument("--max-timeout-s", type=float, default=_limits.max_timeout_s)
     parser.add_argument("--max-output-chars", type=int, default=_limits.max_output_chars)
     parser.add_argument("--file-size-mb", type=int, default=_limits.file_size_mb)
+    parser.add_argument("--disable", action="append", choices=LAYERS, default=[], metavar="LAYER",
+                        help=f"switch off an isolation layer ({', '.join(LAYERS)}); repeatable")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)  # the MCP server has already set up the root logger at WARNING
     _limits.memory_mb, _limits.max_timeout_s = args.memory_mb, args.max_timeout_s
     _limits.max_output_chars, _limits.file_size_mb = args.max_output_chars, args.file_size_mb
-    _isolation = probe_isolation()
+    enable_subreaper()  # orphans of snippets come here, where the sweep finds them, instead of to init
+    _isolation = probe_isolation(args.disable)
     log.info("python sandbox isolation: %s", _isolation.describe())
     if args.http:
         server.run("streamable-http", host=args.host, port=args.port)

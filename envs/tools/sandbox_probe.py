@@ -1,19 +1,26 @@
 """What this machine allows a python-sandbox snippet beyond rlimits and the audit hook, probed once at the server's
 start: network and PID namespaces (`unshare`), a filesystem view of its own (a mount namespace, `sandbox_view.py`),
-a uid of its own (when the server runs as root); without a view, the paths the audit hook lets it read."""
+a uid of its own (when the server runs as root), a cgroup v2 per call (`sandbox_cgroup.probe_cgroup`); without a
+view, the paths the audit hook lets it read. `LAYERS` can be switched off by name (the server's `--disable`)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Collection
 
 try:
+    from .sandbox_cgroup import probe_cgroup
     from .sandbox_run import Isolation, Limits, prepare
     from .sandbox_view import derive_view
 except ImportError:  # run as a file (`python envs/tools/python_sandbox.py`): its folder is sys.path[0]
+    from sandbox_cgroup import probe_cgroup
     from sandbox_run import Isolation, Limits, prepare
     from sandbox_view import derive_view
+
+# What can be switched off: a machine where one misbehaves, and tests of the layers below it.
+LAYERS = ("cgroup", "namespaces", "uid")
 
 
 def _works(cmd: list[str]) -> bool:
@@ -25,7 +32,7 @@ def _works(cmd: list[str]) -> bool:
 
 def _try_snippet(code: str, iso: Isolation) -> tuple[bool, str]:
     """Run `code` the way a snippet runs, synchronously (start-up probes): (it exited 0, its stdout or stderr)."""
-    base, scratch, cmd, env = prepare(code, 5.0, Limits(), iso)
+    base, scratch, cmd, env = prepare(code, 5.0, Limits(), iso, iso.uid_base)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=scratch, env=env, timeout=30)
         return out.returncode == 0, (out.stdout if out.returncode == 0 else out.stderr).strip()
@@ -38,10 +45,15 @@ def _try_snippet(code: str, iso: Isolation) -> tuple[bool, str]:
 _VIEW_CHECK = "import os, json, encodings.idna\nprint(os.path.isdir('/proc/self'))"
 
 
-def probe_isolation() -> Isolation:
+def probe_isolation(disable: Collection[str] = ()) -> Isolation:
+    unknown = sorted(set(disable) - set(LAYERS))
+    if unknown:
+        raise ValueError(f"sandbox: cannot disable {', '.join(unknown)}: the layers are {', '.join(LAYERS)}")
     prefix: list[str] = []
     view, reason = None, "no unshare"
-    if shutil.which("unshare"):
+    if "namespaces" in disable:
+        reason = "namespaces disabled"
+    elif shutil.which("unshare"):
         ns = ["unshare", "-n", "--pid", "--fork", "--kill-child"]
         if os.geteuid() != 0:
             ns.insert(1, "-r")  # an unprivileged user namespace, where the kernel allows them
@@ -61,11 +73,13 @@ def probe_isolation() -> Isolation:
         else:
             reason = "unshare cannot make namespaces here"
     uid_base = None
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and "uid" not in disable:
         probe_uid = 200_000
         if _try_snippet("import json, encodings.idna", Isolation(prefix, probe_uid, view))[0]:
             uid_base = probe_uid
-    return Isolation(prefix, uid_base, view, "" if view else reason, None if view else readable_paths())
+    cgroup, no_cgroup = (None, "disabled") if "cgroup" in disable else probe_cgroup()
+    return Isolation(prefix, uid_base, view, "" if view else reason, None if view else readable_paths(),
+                     cgroup=cgroup, no_cgroup_reason=no_cgroup)
 
 
 def readable_paths() -> list[str]:

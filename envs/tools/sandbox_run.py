@@ -1,11 +1,11 @@
 """Running one python-sandbox snippet: its limits (`Limits`), what the machine allows around it (`Isolation`, probed
 by `sandbox_probe.py`), the child's folder, command and environment (`prepare`), and the run itself (`run_snippet`):
-a wall-clock deadline over the whole process group, output read with a cap, and the reply the model reads (exit
-code, a note on why it stopped, stdout and stderr)."""
+a wall-clock deadline on the snippet's main process, output read with a cap, every process it started ended with
+the call (`sandbox_procs.py`), and the reply the model reads (exit code, a note on why it stopped, stdout and
+stderr)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import os
@@ -18,12 +18,16 @@ from pathlib import Path
 
 try:
     from .sandbox_boot import BOOT
+    from .sandbox_procs import CallProcesses, spawn
     from .sandbox_view import ENTER, FsView
 except ImportError:  # run as a file (`python envs/tools/python_sandbox.py`): its folder is sys.path[0]
     from sandbox_boot import BOOT
+    from sandbox_procs import CallProcesses, spawn
     from sandbox_view import ENTER, FsView
 
-_uid_pool = itertools.cycle(range(0, 30_000))
+# Once the snippet's main process has gone and everything it started is killed, its output pipes close at once;
+# this only bounds the wait for a holder that no layer could reach.
+_PIPE_GRACE_S = 5.0
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Isolation:
     view: FsView | None = None
     no_view_reason: str = ""
     readable: list[str] | None = None  # without a view: the audit hook refuses reads outside these (and scratch)
+    cgroup: str | None = None  # a cgroup v2 the server makes one cgroup per call in (sandbox_cgroup.probe_cgroup)
+    no_cgroup_reason: str = ""
 
     def describe(self) -> str:
         parts = ["audit hook", "rlimits"]
@@ -57,7 +63,20 @@ class Isolation:
                 parts.append("reads limited to the interpreter's files (audit hook)")
         if self.uid_base is not None:
             parts.append("per-snippet uid")
-        return ", ".join(parts)
+        return ", ".join(parts) + "; " + self.describe_ending()
+
+    def describe_ending(self) -> str:
+        """How a call's processes are ended, however they detach (`sandbox_procs.py`)."""
+        if self.cgroup is not None:
+            return "processes ended by cgroup.kill"
+        ways = []
+        if "--pid" in self.namespace_prefix:
+            ways.append("PID-namespace init")
+        if self.uid_base is not None:
+            ways.append("uid kill")
+        ways.append("process sweep")
+        why = f" (no cgroup: {self.no_cgroup_reason})" if self.no_cgroup_reason else ""
+        return "processes ended by " + " + ".join(ways) + why
 
 
 def _format(exit_code: int | None, stdout: str, stderr: str, note: str) -> str:
@@ -70,38 +89,32 @@ def _format(exit_code: int | None, stdout: str, stderr: str, note: str) -> str:
     return "\n".join(parts)
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> tuple[bytes, int]:
-    """Keep the first `cap` bytes; count the rest; flag `over` once far past the cap (the caller then kills)."""
-    kept = bytearray()
-    total = 0
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            return bytes(kept), total
-        total += len(chunk)
-        if len(kept) < cap:
-            kept.extend(chunk[: cap - len(kept)])
-        if total > 16 * cap + 1_000_000:
-            over.set()
+class _Capped:
+    """One output stream: the first `cap` bytes kept, the rest counted; kept readable if reading is abandoned."""
+
+    def __init__(self, cap: int):
+        self.cap, self.kept, self.total = cap, bytearray(), 0
+
+    async def read(self, stream: asyncio.StreamReader, over: asyncio.Event) -> None:
+        """Read to EOF; flag `over` once far past the cap (the caller then stops the snippet)."""
+        while chunk := await stream.read(65536):
+            self.total += len(chunk)
+            if len(self.kept) < self.cap:
+                self.kept.extend(chunk[: self.cap - len(self.kept)])
+            if self.total > 16 * self.cap + 1_000_000:
+                over.set()
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> tuple[str, str, list[str], dict]:
-    """A fresh folder (its `work/` is the scratch, its `root/` the mount point of the view), the command, the env."""
+def prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation,
+            uid: int | None) -> tuple[str, str, list[str], dict]:
+    """A fresh folder (its `work/` is the scratch, its `root/` the mount point of the view), the command, the env;
+    `uid` is the snippet's own (claimed by the caller from `iso.uid_base`), or None."""
     base = os.path.realpath(tempfile.mkdtemp(prefix="rlf-python-"))
     scratch, root = os.path.join(base, "work"), os.path.join(base, "root")
     os.mkdir(scratch, 0o700)
     os.mkdir(root, 0o700)
     Path(scratch, "main.py").write_text(code, encoding="utf-8")
-    uid = None
-    if iso.uid_base is not None:
-        uid = iso.uid_base + next(_uid_pool)
+    if uid is not None:
         os.chmod(base, 0o711)  # without a view the snippet's uid reaches its scratch through the host's path
         os.chown(scratch, uid, uid)
     cfg = {"view": iso.view.spec(root) if iso.view else None, "uid": uid,
@@ -125,49 +138,49 @@ def prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> tupl
 async def run_snippet(code: str, timeout_s: float, limits: Limits, iso: Isolation) -> str:
     timeout_s = float(timeout_s) if math.isfinite(float(timeout_s)) else 5.0
     timeout_s = min(max(timeout_s, 0.1), limits.max_timeout_s)
-    base, scratch, cmd, env = prepare(code, timeout_s, limits, iso)
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=scratch, env=env, start_new_session=True,
-        )
-        cap = limits.max_output_chars * 4  # bytes; decoded and cut to characters below
-        over = asyncio.Event()
-        readers = asyncio.gather(_read_capped(proc.stdout, cap, over), _read_capped(proc.stderr, cap, over))
-        waiter = asyncio.ensure_future(over.wait())
-        note = ""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+    async with CallProcesses(cgroup_parent=iso.cgroup, uid_base=iso.uid_base) as procs:
+        base, scratch, cmd, env = prepare(code, timeout_s, limits, iso, procs.uid)
         try:
-            done, _ = await asyncio.wait({readers, waiter}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            if readers not in done:
-                note = ("stopped: the output exceeded the limit" if over.is_set()
-                        else f"timed out after {timeout_s:g} s (killed)")
-                _kill_group(proc)
-            else:
-                # Output closed; the process may still run (it can close its own stdout): same deadline.
-                try:
-                    await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
-                    note = f"timed out after {timeout_s:g} s (killed)"
-                    _kill_group(proc)
-            (out_b, out_n), (err_b, err_n) = await readers
-            exit_code = await proc.wait()
+            cmd, env = procs.wrap(cmd, env)
+            proc = await spawn(*cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                               stderr=asyncio.subprocess.PIPE, cwd=scratch, env=env, start_new_session=True)
+            procs.started(proc.pid)
+            cap = limits.max_output_chars * 4  # bytes; decoded and cut to characters below
+            out, err, over = _Capped(cap), _Capped(cap), asyncio.Event()
+            readers = asyncio.ensure_future(asyncio.gather(out.read(proc.stdout, over), err.read(proc.stderr, over)))
+            exited = asyncio.ensure_future(procs.wait_exit())
+            waiter = asyncio.ensure_future(over.wait())
+            note = ""
+            try:
+                # The main process's exit ends the call, not its pipes' EOF: a detached child may hold them.
+                done, _ = await asyncio.wait({exited, waiter}, timeout=timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if exited not in done:
+                    note = ("stopped: the output exceeded the limit" if over.is_set()
+                            else f"timed out after {timeout_s:g} s (killed)")
+            finally:
+                exited.cancel()
+                waiter.cancel()
+                # Nothing the snippet started outlives the call, however it detached; that also closes the pipes.
+                await asyncio.shield(procs.end_all())
+            try:
+                await asyncio.wait_for(asyncio.shield(readers), _PIPE_GRACE_S)
+                exit_code = await asyncio.wait_for(proc.wait(), _PIPE_GRACE_S)
+            except asyncio.TimeoutError:
+                readers.cancel()
+                proc._transport.close()  # the pipes' holder is out of reach: stop reading (no public close)
+                exit_code = proc.returncode
+                note = note or "stopped waiting for output held open by a process out of the sandbox's reach"
         finally:
-            waiter.cancel()
-            if proc.returncode is None:
-                _kill_group(proc)
-                await proc.wait()
-        if note:
-            exit_code = None
-        elif exit_code < 0:
-            sig = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
-            note = {"SIGXCPU": "stopped: CPU time limit reached", "SIGKILL": "killed"}.get(sig, f"killed by {sig}")
-        stdout = _cut(out_b, out_n, limits.max_output_chars)
-        stderr = _cut(err_b, err_n, limits.max_output_chars)
-        return _format(exit_code, stdout, stderr, note)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
+    if note or exit_code is None:
+        exit_code = None
+    elif exit_code < 0:
+        sig = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
+        note = {"SIGXCPU": "stopped: CPU time limit reached", "SIGKILL": "killed"}.get(sig, f"killed by {sig}")
+    stdout = _cut(bytes(out.kept), out.total, limits.max_output_chars)
+    stderr = _cut(bytes(err.kept), err.total, limits.max_output_chars)
+    return _format(exit_code, stdout, stderr, note)
 
 
 def _cut(kept: bytes, total: int, max_chars: int) -> str:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import sandbox_escapes as escapes
 from mcp_helpers import child_pids
 
 from envs.tools import python_sandbox, sandbox_probe, sandbox_run
@@ -162,6 +163,21 @@ async def test_infinite_loop_is_killed(iso):
     out = await run(iso, "import time\ntime.sleep(60)", timeout_s=1000, max_timeout_s=1)
     assert "timed out after 1 s" in out
     assert child_pids() == before
+
+
+async def test_detached_processes_end_with_the_call_in_process(iso, tmp_path, monkeypatch):
+    # Run inside this (test) process, which adopts no orphans: what embeds run_snippet gets. Scratch directories go
+    # under tmp_path, so every process of these snippets names it (sandbox_escapes.py); the real server is
+    # test_sandbox_escapes.py's.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for code, timeout_s, expected in [
+        (escapes.double_fork(), 30, "exit code: 0\n--- stdout ---\nready\n"),
+        (escapes.closed_pipes(), 1, "exit code: none (killed)\ntimed out after 1 s (killed)\n--- stdout ---\nready\n"),
+        (escapes.setsid_sleep(), 1, "exit code: none (killed)\ntimed out after 1 s (killed)\n--- stdout ---\nready\n"),
+    ]:
+        out = await asyncio.wait_for(run(iso, code, timeout_s=timeout_s), 90)  # a hang guard, never reached
+        assert out == expected
+        assert escapes.alive_with(str(tmp_path)) == []
 
 
 async def test_memory_hog_gets_memory_error(iso):

@@ -1,0 +1,168 @@
+"""Snippets that try to outlive their python-sandbox call, and the real sandbox server to run them in.
+
+Each snippet first gets past the audit hook's ban on new processes (`KIT`: a fresh import of `_posixsubprocess`
+still has the `fork_exec` the sandbox replaced on the old module, and calling it directly raises no audit event),
+so what is tested is the process-lifetime layer itself, as a snippet that defeats the CPython-level checks would
+meet it. Forked children keep the command line of the snippet's interpreter, which names its scratch directory:
+every process of a snippet run by a server whose TMPDIR is `marker` has `marker` in its command line.
+
+Used by tests/tools/test_sandbox_escapes.py and bench/chaos_sandbox.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+SANDBOX = Path(__file__).resolve().parents[2] / "envs" / "tools" / "python_sandbox.py"
+
+# fork(body, setsid=False): a child that runs body() and exits, with the parent's stdin/stdout/stderr; its pid.
+KIT = r'''
+import os, sys, time, signal
+del sys.modules["_posixsubprocess"]
+import _posixsubprocess
+
+def fork(body, setsid=False):
+    def child():
+        try:
+            body()
+        finally:
+            os._exit(0)
+    r, w = os.pipe()  # fork_exec reports a failed exec on it; the child never gets that far
+    head = ([b"/"], [b"/nonexistent"], True, (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, False, setsid)
+    try:
+        for tail in ((-1, None, None, None, -1, child, False), (-1, None, None, None, -1, child),
+                     (None, None, None, -1, child)):  # the signatures of 3.11/3.12, 3.13, 3.10
+            try:
+                return _posixsubprocess.fork_exec(*head, *tail)
+            except TypeError:
+                continue
+        raise RuntimeError("no known fork_exec signature")
+    finally:
+        os.close(r)
+        os.close(w)
+
+def detach():
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (the sandbox starts the snippet in a session of its own)
+
+def sleep_for_ever():
+    while True:
+        time.sleep(1)
+
+'''
+
+
+def setsid_sleep() -> str:
+    """The issue's snippet: the main process leaves its session and outsleeps the timeout."""
+    return KIT + "detach()\nprint('ready', flush=True)\nsleep_for_ever()\n"
+
+
+def double_fork() -> str:
+    """A daemon: a child in a new session forks a grandchild that keeps stdout/stderr and sleeps; the main process
+    exits at once (0), so the call should return at once with its output."""
+    return KIT + ("def grandchild():\n    sleep_for_ever()\n"
+                  "def child():\n    detach()\n    fork(grandchild)\n"
+                  "pid = fork(child)\nos.waitpid(pid, 0)\nprint('ready', flush=True)\n")
+
+
+def closed_pipes(main_exits: bool = False) -> str:
+    """The issue's second form: stdout and stderr closed after setsid, by the main process and by a detached child,
+    so nothing keeps the pipes open and the main process (unless `main_exits`) outsleeps the timeout."""
+    end = "" if main_exits else "detach()\nos.close(1)\nos.close(2)\nsleep_for_ever()\n"
+    return KIT + ("def child():\n    detach()\n    os.close(0)\n    os.close(1)\n    os.close(2)\n    sleep_for_ever()\n"
+                  "fork(child)\nprint('ready', flush=True)\n" + end)
+
+
+def ignores_sigterm(main_exits: bool = False) -> str:
+    """A child in its own session that ignores SIGTERM and SIGHUP (a polite stop would not end it)."""
+    end = "" if main_exits else "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ndetach()\nsleep_for_ever()\n"
+    return KIT + ("def child():\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                  "    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n    sleep_for_ever()\n"
+                  "fork(child, setsid=True)\nprint('ready', flush=True)\n" + end)
+
+
+def fork_bomb() -> str:
+    """Every process forks for ever, each child in a session of its own; only RLIMIT_NPROC (a per-snippet uid)
+    stops it. Never run it where the snippet has no uid of its own."""
+    return KIT + ("def bomb():\n    while True:\n        try:\n            fork(bomb, setsid=True)\n"
+                  "        except OSError:\n            time.sleep(0.05)\n"
+                  "fork(bomb, setsid=True)\nprint('ready', flush=True)\ndetach()\nsleep_for_ever()\n")
+
+
+def process_tree(depth: int, width: int) -> str:
+    """A bounded bomb (width**depth leaves), every process detached, for sandboxes without a process cap."""
+    return KIT + (f"def node(level):\n    if level < {depth}:\n        for _ in range({width}):\n"
+                  "            fork(lambda: node(level + 1), setsid=True)\n    sleep_for_ever()\n"
+                  "fork(lambda: node(1), setsid=True)\nprint('ready', flush=True)\ndetach()\nsleep_for_ever()\n")
+
+
+def alive_with(marker: str) -> list[str]:
+    """Live processes whose command line contains `marker` ("pid: command line"), this process excepted."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.pid == psutil.Process().pid or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            line = " ".join(p.info["cmdline"] or ())
+        except psutil.Error:
+            continue
+        if marker in line:
+            out.append(f"{p.pid}: {line[:200]}")
+    return out
+
+
+class SandboxServer:
+    """The python sandbox MCP server over streamable HTTP on 127.0.0.1:port, with TMPDIR=marker (so every snippet's
+    scratch directory, and so every process of its snippets, names `marker`). Stopped by `stop`."""
+
+    def __init__(self, port: int, marker: Path, disable: tuple[str, ...] = (), *args: str):
+        self.port, self.marker, self.disable, self.args = port, marker, disable, args
+        self.proc: subprocess.Popen | None = None
+        self.log = marker / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, limit_s: float = 120) -> str:
+        """Start and wait until it listens; the isolation it logged at start-up."""
+        cmd = [sys.executable, str(SANDBOX), "--http", "--port", str(self.port), *self.args]
+        for layer in self.disable:
+            cmd += ["--disable", layer]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env={**os.environ, "TMPDIR": str(self.marker), "COLUMNS": "400"})
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandbox server exited with {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"sandbox server did not listen on {self.port}: {self.log.read_text()}")
+        said = [line for line in self.log.read_text().splitlines() if "python sandbox isolation: " in line]
+        # rich's log handler ends the line with the file:line that logged it
+        return re.sub(r"\s+\S+\.py:\d+\s*$", "", said[0].split("python sandbox isolation: ", 1)[1]) if said else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
