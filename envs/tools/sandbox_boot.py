@@ -91,6 +91,10 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
         raise PermissionError(f"sandbox: {event.replace('.__new__', ' creation')} is not allowed")
     elif event == "ctypes.dlsym" and (args[1] if isinstance(args[1], str) else "") in DENY_SYMBOLS:
         raise PermissionError(f"sandbox: calling {args[1]} through ctypes is not allowed")
+    elif event == "import" and args[0] == "_posixsubprocess":
+        # imported (and defused) before this hook: importing it again would build a fresh module with the real
+        # fork_exec, which raises no audit event of its own
+        raise PermissionError("sandbox: starting processes is not allowed")
     elif event == "os.kill" and args[0] not in (0, getpid()):
         raise PermissionError("sandbox: signalling other processes is not allowed")
     elif event in ("object.__setattr__", "object.__delattr__") and (
