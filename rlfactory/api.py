@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +28,9 @@ from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.generator_launch import GeneratorLaunch
 from rlfactory.trainer.resume_changes import check_resume
-from rlfactory.trainer.run_dir import refuse_to_replace
+from rlfactory.trainer.run_dir import clear_run_outputs, lock_run_folder, refuse_to_replace, remove_partial_saves
+
+logger = logging.getLogger(__name__)
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -56,20 +59,29 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
           overwrite: bool = False) -> dict[str, Any]:
     """Train with the recipe's engine; returns the run summary (reward first-5 / last-5 / rise, steps, wall_s, ...).
 
-    Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid, or when
-    `trainer.output_dir` already holds a run and neither `resume` nor `overwrite` is set."""
-    if not dry_run:
+    Validates first (every problem at once, as a ConfigError) and starts nothing when the recipe is invalid, when
+    another live run holds `trainer.output_dir` (RunFolderBusy, naming it), or when the folder already holds a run
+    and neither `resume` nor `overwrite` is set. The folder stays locked to this run until it returns."""
+    # Before the lock, which creates the folder. As in the CLI, verl's model folder need only exist on the cluster.
+    _check_or_raise(recipe, for_training=not (recipe.engine == "verl" or dry_run))
+    if dry_run:
+        return _train(recipe, resume=resume, progress=progress, dry_run=True)
+    with lock_run_folder(recipe.trainer.output_dir):
         refuse_to_replace(recipe.trainer.output_dir, resume=resume, overwrite=overwrite)
         if resume and recipe.engine != "verl" and any((Path(recipe.trainer.output_dir) / "checkpoints").glob("step_*")):
             check_resume(recipe.trainer.output_dir, recipe)  # a change a resume cannot apply starts nothing
+        return _train(recipe, resume=resume, progress=progress, dry_run=False)
+
+
+def _train(recipe: Recipe, *, resume: bool, progress: bool, dry_run: bool) -> dict[str, Any]:
     # The engines are imported here, not at the top: an asynchronous run starts its generator process first, so
     # that the two processes import torch and load the model in parallel.
     if recipe.engine == "verl" or dry_run:
-        _check_or_raise(recipe, for_training=False)  # as the CLI: the model folder need only exist on the cluster
         from rlfactory.verl.launch import run_verl
 
         return run_verl(recipe, dry_run=dry_run, resume=resume)
-    _check_or_raise(recipe, for_training=True)
+    if resume:
+        resume = _resumable(Path(recipe.trainer.output_dir))
     if recipe.trainer.max_staleness_steps == 0:
         from rlfactory.trainer.loop import train_local
 
@@ -81,6 +93,21 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = False, dry_r
         launch.stop()
         raise
     return train_async(recipe, resume=resume, progress=progress, launch=launch)
+
+
+def _resumable(out: Path) -> bool:
+    """Before a local `--resume` (the folder's lock held): clear what unfinished saves left, and say what happens
+    when there is no checkpoint to continue from. False: the run starts from step 0."""
+    remove_partial_saves(out)
+    if any((out / "checkpoints").glob("step_*")):
+        return True
+    cleared = clear_run_outputs(out)
+    if cleared:
+        logger.warning("--resume: %s has no checkpoint yet (the run stopped before its first save), so the run "
+                       "starts again from step 0; what it wrote before is replaced (%s)", out, ", ".join(cleared))
+    else:
+        logger.info("--resume: %s has no run yet; starting from step 0", out)
+    return False
 
 
 def evaluate(recipe: Recipe, *, checkpoint: str | Path | None = None,

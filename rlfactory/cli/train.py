@@ -6,6 +6,7 @@ same code path as the Python API) and `rlfactory.train.report`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -66,22 +67,28 @@ def train_cmd(
     if output_dir is not None:
         overrides.append(f"trainer.output_dir={json.dumps(str(output_dir.resolve()))}")  # JSON is YAML: any path
     r = check_or_fail(recipe, overrides, for_training=not (dry_run or engine == "verl"))
-    if not dry_run:
-        from rlfactory.trainer.run_dir import refuse_to_replace
+    if dry_run:
+        _verl(r, dry_run=True, resume=resume)
+        return
+    from rlfactory.trainer.run_dir import lock_run_folder, refuse_to_replace
 
+    with contextlib.ExitStack() as held:
         try:
+            # One run per folder from here to the end, before the heavy imports (run_dir.py): a second run is
+            # refused, naming this one; the engines take the same lock again (re-entrant).
+            held.enter_context(lock_run_folder(r.trainer.output_dir))
             refuse_to_replace(r.trainer.output_dir, resume=resume, overwrite=overwrite)
         except RLFactoryError as e:
             fail(str(e))
-    if r.engine == "verl" or dry_run:
-        _verl(r, dry_run=dry_run, resume=resume)
-        return
-    from rlfactory.api import train as run_train  # here, not at the top: keeps `rlfactory --help` fast
+        if r.engine == "verl":
+            _verl(r, dry_run=False, resume=resume)
+            return
+        from rlfactory.api import train as run_train  # here, not at the top: keeps `rlfactory --help` fast
 
-    try:
-        summary = run_train(r, resume=resume, progress=True, overwrite=True)  # the folder was checked above
-    except RLFactoryError as e:
-        fail(str(e))
+        try:
+            summary = run_train(r, resume=resume, progress=True, overwrite=overwrite)
+        except RLFactoryError as e:
+            fail(str(e))
     _print_done(summary)
     if summary.get("stopped_by") == "SIGTERM":
         console.print(f"stopped by SIGTERM after step {summary.get('steps')} with a checkpoint; continue with the same "

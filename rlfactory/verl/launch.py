@@ -16,6 +16,7 @@ Left out: the translation itself (`config.py`), the agent loop (`agent_loop.py`)
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -35,6 +36,7 @@ from omegaconf import OmegaConf, open_dict
 from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.recipe.schema import Recipe
+from rlfactory.trainer.run_dir import lock_run_folder
 from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config, resolve_device
 from rlfactory.verl.records import ATTEMPT_ENV
 from rlfactory.verl.run_folder import (
@@ -278,22 +280,25 @@ def run_verl(recipe: Recipe, *, dry_run: bool = False, resume: bool = False) -> 
     `dry_run`, launch verl's trainer; returns a summary for the CLI."""
     if recipe.engine != "verl" and not dry_run:
         raise ConfigError("engine is not verl; pass --engine verl", file=recipe.source)
-    prepared = prepare(recipe, recipe.trainer.output_dir, resume=resume)
-    if not dry_run:
-        out = prepared.files.output_dir
-        if resume:
-            prepared.start_step = last_checkpoint_step(out)
-            catch_up(recipe, out, prepared.start_step)
-            drop_steps_after(out, prepared.start_step)
-            logger.info("--resume: verl continues after its checkpoint of step %d", prepared.start_step)
-        else:
-            clear_previous_run(out)
-    summary = {"output_dir": str(prepared.files.output_dir), "config": str(prepared.files.config_yaml),
-               "overrides": str(prepared.files.overrides_txt), "train_rows": prepared.train_rows,
-               "val_rows": prepared.val_rows, "warnings": prepared.warnings, "launched": False}
-    if dry_run:
+    with contextlib.ExitStack() as held:
+        if not dry_run:  # one run per folder, as on the local engine (re-entrant: the CLI and the API hold it too)
+            held.enter_context(lock_run_folder(recipe.trainer.output_dir))
+        prepared = prepare(recipe, recipe.trainer.output_dir, resume=resume)
+        if not dry_run:
+            out = prepared.files.output_dir
+            if resume:
+                prepared.start_step = last_checkpoint_step(out)
+                catch_up(recipe, out, prepared.start_step)
+                drop_steps_after(out, prepared.start_step)
+                logger.info("--resume: verl continues after its checkpoint of step %d", prepared.start_step)
+            else:
+                clear_previous_run(out)
+        summary = {"output_dir": str(prepared.files.output_dir), "config": str(prepared.files.config_yaml),
+                   "overrides": str(prepared.files.overrides_txt), "train_rows": prepared.train_rows,
+                   "val_rows": prepared.val_rows, "warnings": prepared.warnings, "launched": False}
+        if dry_run:
+            return summary
+        summary.update(launch(prepared, recipe))
+        summary["launched"] = True
         return summary
-    summary.update(launch(prepared, recipe))
-    summary["launched"] = True
-    return summary
 
