@@ -4,7 +4,14 @@ WebArena, ... as run by AgentGym): tools `reset(task_id)`, `step(action)`, `obse
 Run: `python -m rlfactory.envs.tools.agentgym_bridge --url http://127.0.0.1:36001 --env textcraft`
 (or env AGENTGYM_URL / AGENTGYM_ENV). `--id-key` / `--reset-key` override the protocol variant (see
 `rlfactory/envs/client.py`). Each MCP episode creates its own instance on the AgentGym server and closes it when the
-episode closes. An example config is examples/agentgym_bridge.json.
+episode closes, when the MCP connection that opened it goes away, and when the bridge ends (stdin EOF, SIGTERM):
+AgentGym never expires an instance. An example config is examples/agentgym_bridge.json.
+
+A restarted AgentGym server numbers its instances from 0 again, so an old episode's id can name a new episode's
+instance. The bridge never acts on an instance it cannot show is still its episode's (`EnvClient`: the host's
+restart record, shared by the bridge processes of one host through `--state-dir`; a sentinel instance per process,
+`--no-sentinel` to do without; an observation check per call, `--no-verify-owner` to skip it); such an episode fails
+as an infrastructure failure (kept out of training).
 
 The server's own errors (`{"error": ...}` replies, an unreachable URL) are error results with the message; a
 failed reset before the first turn makes the trajectory an error (`rollout/errors`). The resource
@@ -18,6 +25,7 @@ import os
 
 from rlfactory.envs.client import EnvClient, check_upstream
 from rlfactory.envs.mcp_server import build_env_server
+from rlfactory.envs.sentinel import SENTINELS
 
 
 def main() -> None:
@@ -29,6 +37,13 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--max-episodes", type=int, default=256)
     p.add_argument("--idle-timeout-s", type=float, default=900.0)
+    p.add_argument("--state-dir", default=os.environ.get("AGENTGYM_STATE_DIR"),
+                   help="folder of this host's record of the server's restarts, shared by its bridge processes "
+                        "(default: the system temp folder)")
+    p.add_argument("--verify-owner", action=argparse.BooleanOptionalAction, default=True,
+                   help="check the instance's observation before each call (one request a step)")
+    p.add_argument("--sentinel", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep a sentinel instance that shows a server restart (textcraft, babyai; one request a step)")
     args = p.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the server log
     if not args.url:
@@ -36,7 +51,8 @@ def main() -> None:
     es = build_env_server(
         f"agentgym-{args.env}",
         lambda: EnvClient(args.env, args.url, id_key=args.id_key, reset_key=args.reset_key,
-                          timeout_s=args.timeout_s),
+                          timeout_s=args.timeout_s, verify_owner=args.verify_owner, sentinel=args.sentinel,
+                          state_dir=args.state_dir),
         instructions=f"AgentGym environment `{args.env}` served at {args.url}. Call reset(task_id), then "
                      "step(action) with the environment's text actions until done.",
         reset_doc=f"Start task `task_id` of the {args.env} environment. Returns the first observation.",
@@ -44,6 +60,7 @@ def main() -> None:
                  "whether the episode is done.",
         max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s,
         health=lambda: check_upstream(args.url, timeout_s=min(args.timeout_s, 10.0)))
+    es.on_shutdown.append(SENTINELS.close_all)
     es.run()
 
 

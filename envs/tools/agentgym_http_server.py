@@ -10,15 +10,20 @@ Endpoints: POST /create, /reset {id, data_idx}, /step {id, action}, GET /observa
 | POST /create | body required (no body: 422); `{id, observation, done, reward}`, reset to task `id` | `{id}` |
 | POST /reset | `{id, observation, done, reward}` | `{observation, reward, score, deleted, done}` |
 | POST /step | `{observation, reward, done}`; `done` is not sticky (a step after a win says false) | adds `score`; (1) |
-| GET /observation | a bare JSON string | `{"observation": ...}` |
+| GET /observation | a bare JSON string: the last observation sent (reset's or step's) | `{"observation", ...}` (2) |
 | POST /close | `true` / `false` | `true` / `false` |
 
-(1) a step after done answers `{"error": "The task with environment N has finished."}`.
+(1) a step after done answers `{"error": "The task with environment N has finished."}`; a step before any reset
+answers the bare text of the KeyError the real server raises there (`{"error": "N"}`).
+(2) "Environment not initialized" before a reset, as the real server.
 
 Errors are HTTP 200 with `{"error": "..."}` (an unknown or dropped id: "The id N is not valid."); a request without
 the id field (e.g. `env_idx` sent to an `id` server) is a 422. The server drops the least recently used instance
 beyond `--max-instances`, as the real ones drop instances, so a client holding a dropped id meets "not valid".
-`--id-key env_idx` serves the WebShop-style variant of the id field. Left out: authentication (bind to 127.0.0.1).
+`--id-key env_idx` serves the WebShop-style variant of the id field. Like the real servers, it numbers instances
+0, 1, 2, ... from its start (a restarted server hands out the same ids again) and never expires an idle one.
+Only the stand-in has `GET /rlfactory/instances` (`{"live": [ids], "created_total", "closed_total"}`): the instances
+it holds, for tests and benchmarks that count leaks. Left out: authentication (bind to 127.0.0.1).
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ class _Instance:
         self.env = env
         self.reset_done = False
         self.done = False
+        self.last_observation = ""  # what TextCraft's GET /observation answers: the last observation it sent
 
     def close(self) -> None:
         self.env.close()
@@ -71,7 +77,8 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
     if flavor not in FLAVORS:
         raise ValueError(f"--flavor {flavor!r}: use one of {', '.join(FLAVORS)}")
     make_env = env_factory(env_name, task_set, **({"goal_order": goal_order} if goal_order else {}))
-    registry: EpisodeRegistry[_Instance] = EpisodeRegistry(lambda: _Instance(make_env()), max_episodes=max_instances)
+    registry: EpisodeRegistry[_Instance] = EpisodeRegistry(lambda: _Instance(make_env()), max_episodes=max_instances,
+                                                          idle_timeout_s=float("inf"))
     ids = itertools.count()
     ids_lock = threading.Lock()
     app = FastAPI(title=f"rlfactory {env_name} (AgentGym protocol, {flavor} replies)")
@@ -103,8 +110,14 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
             try:
                 result = ep.env.env.reset(env_id)  # TextCraft: a new instance starts on task `id`
             except Exception as e:  # noqa: BLE001 - the real servers answer every failure as {"error": ...}
-                return error(str(e))
-            ep.env.reset_done = True
+                failed = str(e)
+            else:
+                failed = None
+                ep.env.reset_done = True
+                ep.env.last_observation = result.observation
+        if failed is not None:  # the real server keeps no instance whose creation failed
+            registry.close(str(env_id))
+            return error(failed)
         return {"id": env_id, **({id_key: env_id} if id_key != "id" else {}), "observation": result.observation,
                 "done": result.done, "reward": result.reward}
 
@@ -122,6 +135,7 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
             except Exception as e:  # noqa: BLE001
                 return error(str(e))
             ep.env.reset_done, ep.env.done = True, result.done
+            ep.env.last_observation = result.observation
         if flavor == "textcraft":
             return {id_key: body[id_key], "observation": result.observation, "done": result.done,
                     "reward": result.reward}
@@ -139,8 +153,8 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
             return error(f"The id {body[id_key]} is not valid.")
         with ep.lock:
             inst = ep.env
-            if not inst.reset_done:
-                return error(f"The task with environment {body[id_key]} has not been reset.")
+            if not inst.reset_done:  # only BabyAI's (TextCraft's create resets): its env table has no entry yet
+                return error(str(KeyError(body[id_key])))
             if inst.done and flavor == "babyai":
                 return error(f"The task with environment {body[id_key]} has finished.")
             was_done = inst.done
@@ -149,6 +163,7 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
             except Exception as e:  # noqa: BLE001
                 return error(str(e))
             inst.done = result.done
+            inst.last_observation = result.observation
         if flavor == "textcraft":
             # TextCraft's `done` is not sticky: once won, later steps answer done false and reward 0.
             done, reward = (False, 0.0) if was_done else (result.done, result.reward)
@@ -166,14 +181,25 @@ def make_app(env_name: str, id_key: str = "id", max_instances: int = 1024, flavo
         if ep is None:
             return error(f"The id {key} is not valid.")
         with ep.lock:
-            text = ep.env.env.observe()
-        return text if flavor == "textcraft" else {"observation": text}
+            if flavor == "textcraft":
+                return ep.env.last_observation
+            if not ep.env.reset_done:
+                return {"observation": "Environment not initialized", "reward": 0, "score": 0, "done": False,
+                        "deleted": False}
+            return {"observation": ep.env.env.observe(), "reward": 0, "score": 0, "done": ep.env.done,
+                    "deleted": False}
 
     @app.post("/close")
     def close(body: dict[str, Any] = Body(...)) -> Any:
         if id_key not in body:
             return missing(id_key)
         return registry.close(str(body[id_key]))
+
+    @app.get("/rlfactory/instances")
+    def instances() -> Any:
+        stats = registry.stats()
+        return {"live": sorted(int(k) for k in registry.keys()), "created_total": stats["opened_total"],
+                "closed_total": stats["closed_total"]}
 
     app.state.registry = registry
     return app

@@ -84,7 +84,8 @@ def _print_summary(summary: dict[str, Any], out: Path, html: Path | None) -> Non
     table.add_column("metric")
     table.add_column("value", justify="right")
     shown = ["rollout/num_turns_mean", "rollout/response_tokens_mean", "rollout/tool_calls_mean",
-             "rollout/tool_call_errors", "rollout/errors", "tools/cache_hit_rate", "reward/mean"]
+             "rollout/tool_call_errors", "rollout/errors", "rollout/infra_failed", "tools/cache_hit_rate",
+             "reward/mean"]
     shown += sorted(k for k in m if k.startswith("rollout/finish_") and m[k])
     shown += sorted(k for k in m if k.startswith("reward/") and k not in shown)
     for key in shown:

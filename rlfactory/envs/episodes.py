@@ -29,6 +29,8 @@ class Episode(Generic[E]):
     last_used_s: float
     steps: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    owner: int | None = None
+    """The connection that opened it (an id), when the server ties episodes to connections."""
 
 
 class EpisodeRegistry(Generic[E]):
@@ -52,6 +54,7 @@ class EpisodeRegistry(Generic[E]):
         self._clock = clock
         self._episodes: OrderedDict[str, Episode[E]] = OrderedDict()  # LRU order: oldest first
         self._lock = threading.Lock()
+        self._drained = False  # the server is stopping: no episode opens any more
         self.opened_total = 0
         self.closed_total = 0
         self.evicted_total = 0
@@ -75,6 +78,8 @@ class EpisodeRegistry(Generic[E]):
         self.expire()
         doomed: list[Episode[E]] = []
         with self._lock:
+            if self._drained:
+                raise RuntimeError("the environment server is shutting down: no new episode opens")
             ep = self._touch_locked(key)
             if ep is not None:
                 return ep
@@ -90,11 +95,19 @@ class EpisodeRegistry(Generic[E]):
         ep = Episode(key=key, env=env, last_used_s=self._clock())
         with self._lock:
             raced = self._episodes.get(key)
-            if raced is not None:  # another thread opened the same key meanwhile; keep theirs
-                self._release(ep)
-                return raced
-            self._episodes[key] = ep
-            self.opened_total += 1
+            drained = self._drained
+            if raced is None and not drained:
+                self._episodes[key] = ep
+                self.opened_total += 1
+        if drained or raced is not None:  # never registered: released here, not counted as opened or closed
+            try:
+                self._closer(env)
+            except Exception:  # a broken env must not take the registry down
+                logger.exception("closing an unused environment for %r failed", key)
+        if drained:  # shutdown began while the env was being built: it would never be closed
+            raise RuntimeError("the environment server is shutting down: no new episode opens")
+        if raced is not None:  # another thread opened the same key meanwhile; keep theirs
+            return raced
         return ep
 
     def get(self, key: str) -> Episode[E] | None:
@@ -147,6 +160,16 @@ class EpisodeRegistry(Generic[E]):
         for ep in eps:
             self._release(ep)
         return len(eps)
+
+    def drain(self) -> list[Episode[E]]:
+        """Take every open episode out (the caller closes them) and refuse new ones from now on: the server is
+        stopping."""
+        with self._lock:
+            self._drained = True
+            eps = list(self._episodes.values())
+            self._episodes.clear()
+            self.closed_total += len(eps)
+        return eps
 
     def __iter__(self) -> Iterator[Episode[E]]:
         with self._lock:

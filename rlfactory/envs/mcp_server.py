@@ -6,8 +6,11 @@ Which episode a call acts on, first match wins:
 1. the `episode_id` argument (the AgentLoop fills it with the trajectory id: one episode per trajectory even though
    the ToolManager multiplexes many trajectories over one MCP session),
 2. the request's `_meta["rlfactory/episode_id"]`,
-3. the MCP session itself (a plain MCP client such as Claude Desktop gets one episode per connection); these
-   episodes close when the session object goes away.
+3. the MCP session itself (a plain MCP client such as Claude Desktop gets one episode per connection).
+An episode belongs to the connection that reset it, whichever way it is named: when the connection goes away its
+episodes close, and when the server process ends (stdin EOF, SIGTERM) every episode still open closes, so an
+environment behind it (an AgentGym server, which never expires instances) keeps none of them. A process killed
+with SIGKILL closes nothing.
 
 Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}`; a tool
 result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py` scores `score`. An `EnvError`
@@ -20,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import logging
+import os
+import signal
 import threading
 import weakref
 from typing import Annotated, Any, Callable
@@ -43,6 +49,17 @@ EPISODE_ID_DOC = ("Episode to act on. Filled in by rlfactory with the trajectory
 EpisodeId = Annotated[str, Field(description=EPISODE_ID_DOC)]
 """The `episode_id` parameter every episode tool takes (its description lands in the tool's input schema)."""
 _ENV_TOOL = ToolAnnotations(read_only_hint=False, idempotent_hint=False, destructive_hint=False)
+SHUTDOWN_CLOSE_S = 2.0
+"""Per request, when the server closes its episodes on the way out (an MCP client waits 2 s after closing stdin
+before SIGTERM, and 2 s more before SIGKILL)."""
+SHUTDOWN_S = 10.0
+"""The most the way out waits for the episodes to close."""
+
+
+class ServerStopping(EnvError):
+    """The env server is shutting down: no new episode opens (an infrastructure failure, not the env's answer)."""
+
+    infra = True
 
 
 class EpisodeKeys:
@@ -56,39 +73,57 @@ class EpisodeKeys:
     def key(self, episode_id: str, ctx: Context | None) -> str:
         if episode_id:
             return f"id:{episode_id}"
-        if ctx is not None:
-            try:
-                rc = ctx.request_context
-            except ValueError:
-                rc = None
-            if rc is not None:
-                meta = rc.meta or {}
-                meta_id = meta.get(META_KEY) if isinstance(meta, dict) else getattr(meta, META_KEY, None)
-                if meta_id:
-                    return f"id:{meta_id}"
-                # mcp 2.x builds a ServerSession per request; the Connection behind it is what lives as long as
-                # the client's connection (no public accessor yet).
-                return self.session_key(getattr(rc.session, "_connection", rc.session))
+        rc = _request_context(ctx)
+        if rc is not None:
+            meta = rc.meta or {}
+            meta_id = meta.get(META_KEY) if isinstance(meta, dict) else getattr(meta, META_KEY, None)
+            if meta_id:
+                return f"id:{meta_id}"
+            return self.session_key(_connection(rc))
         return "id:default"
 
     def session_key(self, connection: Any) -> str:
         """The key of a connection's own episode; its episodes close when `connection` is garbage-collected."""
+        return f"session:{self.watch(connection)}"
+
+    def owner(self, ctx: Context | None) -> int | None:
+        """The id of the request's connection (watched: its episodes close when it goes), or None."""
+        rc = _request_context(ctx)
+        return None if rc is None else self.watch(_connection(rc))
+
+    def watch(self, connection: Any) -> int:
         sid = id(connection)
-        key = f"session:{sid}"
         with self._lock:
             if sid not in self._watched:
                 self._watched.add(sid)
                 try:
-                    weakref.finalize(connection, self._session_gone, sid, key)
-                except TypeError:  # not weak-referenceable: idle expiry still cleans up
+                    weakref.finalize(connection, self._session_gone, sid)
+                except TypeError:  # not weak-referenceable: idle expiry and the process's end still clean up
                     pass
-        return key
+        return sid
 
-    def _session_gone(self, sid: int, key: str) -> None:
+    def _session_gone(self, sid: int) -> None:
         with self._lock:
             self._watched.discard(sid)
-        if self.registry.close(key):
-            logger.info("MCP session ended: closed its episode")
+        keys = {f"session:{sid}"} | {ep.key for ep in self.registry if ep.owner == sid}
+        closed = sum(self.registry.close(k) for k in sorted(keys))
+        if closed:
+            logger.info("MCP session ended: closed its %d episode(s)", closed)
+
+
+def _request_context(ctx: Context | None) -> Any:
+    if ctx is None:
+        return None
+    try:
+        return ctx.request_context
+    except ValueError:
+        return None
+
+
+def _connection(rc: Any) -> Any:
+    # mcp 2.x builds a ServerSession per request; the Connection behind it is what lives as long as the client's
+    # connection (no public accessor yet).
+    return getattr(rc.session, "_connection", rc.session)
 
 
 def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: Any) -> CallToolResult:
@@ -115,6 +150,11 @@ class EnvServer:
                                                               idle_timeout_s=idle_timeout_s)
         self.keys = EpisodeKeys(self.registry)
         self.server = MCPServer(name, instructions=instructions)
+        self._stop_lock = threading.Lock()
+        self._stopper: threading.Thread | None = None
+        self._stopped_count = 0
+        self.on_shutdown: list[Callable[[], Any]] = []
+        """Run after the episodes are closed on the way out (e.g. the AgentGym bridge closes its sentinels)."""
 
         # Open-episode counts, for operators and the leak test; a resource, so the policy never sees it as a tool.
         @self.server.resource(STATS_URI, mime_type="application/json")
@@ -140,12 +180,16 @@ class EnvServer:
         """Run `fn(env)` on the caller's episode under its lock (`create`: open the episode if needed)."""
         key = self.keys.key(episode_id, ctx)
         self.registry.expire()
-        ep = self.registry.open(key) if create else self.registry.get(key)
+        try:
+            ep = self.registry.open(key) if create else self.registry.get(key)
+        except RuntimeError as e:  # the registry is drained: the server is on its way out
+            return error_result(ServerStopping(str(e)))
         if ep is None:
             return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
         with ep.lock:
             if create:
                 ep.steps = 0
+                ep.owner = self.keys.owner(ctx)
             try:
                 result = fn(ep.env)
             except EnvError as e:
@@ -155,7 +199,76 @@ class EnvServer:
         return tool_result(result, ep, key)
 
     def run(self) -> None:
-        self.server.run()
+        """Serve over stdio until the client goes (stdin EOF) or SIGTERM; close every open episode then."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            self.server.run()
+        finally:
+            self.shutdown()
+
+    def _stop(self, episodes: list[Episode[Any]]) -> None:
+        _close_episodes(episodes)
+        for hook in self.on_shutdown:
+            try:
+                hook()
+            except Exception:  # the way out goes on
+                logger.exception("shutdown hook %r failed", hook)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Not a SystemExit: unwinding the event loop waits for its stdin reader, which only EOF ends.
+        self.shutdown()
+        os._exit(128 + signum)
+
+    def shutdown(self, deadline_s: float = SHUTDOWN_S) -> int:
+        """Close every open episode (in parallel, each request bounded by `SHUTDOWN_CLOSE_S`) and open no new one;
+        waits at most `deadline_s`. Safe to call twice (the second call waits for the first). Returns how many
+        episodes it took out."""
+        with self._stop_lock:
+            if self._stopper is None:
+                episodes = self.registry.drain()
+                self._stopper = threading.Thread(target=self._stop, args=(episodes,), daemon=True,
+                                                 name="env-server-shutdown")
+                self._stopper.start()
+                self._stopped_count = len(episodes)
+        self._stopper.join(deadline_s)
+        if self._stopper.is_alive():
+            logger.warning("shutting down: episodes still closing after %.0f s; leaving them", deadline_s)
+        return self._stopped_count
+
+
+def _close_episodes(episodes: list[Episode[Any]], workers: int = 16) -> None:
+    """Close `episodes` on a few daemon threads, each waiting for its episode's call in flight (bounded)."""
+    pending = list(episodes)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                ep = pending.pop()
+            if not ep.lock.acquire(timeout=SHUTDOWN_S / 2):
+                logger.warning("shutting down: episode %r is still busy; not closed", ep.key)
+                continue
+            try:
+                close = getattr(ep.env, "close", None)
+                if close is not None and "timeout_s" in inspect.signature(close).parameters:
+                    close(timeout_s=SHUTDOWN_CLOSE_S)  # an env behind a server (the AgentGym bridge): bounded
+                elif close is not None:
+                    close()
+            except Exception:  # one broken env must not keep the others open
+                logger.exception("closing episode %r on the way out failed", ep.key)
+            finally:
+                ep.lock.release()
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(pending)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if episodes:
+        logger.info("shut down: closed %d open episode(s)", len(episodes))
 
 
 def build_env_server(

@@ -1,4 +1,5 @@
-"""The one record an environment step returns, and the protocol every environment here follows.
+"""The one record an environment step returns, the protocol every environment here follows, and its errors (those of
+an environment behind a server: `EnvServerError` and its kinds, raised by the AgentGym client and its sentinel).
 
 `StepResult.to_structured()` is what the MCP servers put in a tool result's structured content: the AgentLoop ends
 the trajectory when it sees `done: true` there, and `rewards/env.py` reads `reward` / `score` from it.
@@ -20,6 +21,39 @@ class EnvError(RLFactoryError):
     infra = False
     """True when the failure is the infrastructure's (the environment's server is unreachable), not the
     environment's answer: the error result is then marked so (`ToolResult.infra`) and kept out of the loss."""
+
+
+class EnvServerError(EnvError):
+    """The environment server could not be reached or answered with an error."""
+
+
+class EnvUnreachable(EnvServerError):
+    """The server could not be reached (connection refused, timeout): an infrastructure failure."""
+
+    infra = True
+
+
+class EnvInstanceLost(EnvServerError):
+    """The episode's instance is gone or is not its own any more (the server restarted and may have given its id to
+    another episode, or something else acted on it): nothing more is sent to it. An infrastructure failure."""
+
+    infra = True
+
+
+class EnvResetFailed(EnvServerError):
+    """The episode's last reset failed, so it has no task on the server: the call was not sent. An infrastructure
+    failure (the reset's own error says why)."""
+
+    infra = True
+
+
+class EnvReplyError(EnvServerError):
+    """The server answered, with an error: `{"error": ...}` (AgentGym's way, HTTP 200) or a non-200 status.
+    `message` is the server's own text."""
+
+    def __init__(self, text: str, message: str):
+        super().__init__(text)
+        self.message = message
 
 
 class StepResult(BaseModel):

@@ -32,7 +32,9 @@ def test_doctor_shows_an_error_reply_on_reset(tmp_path, free_port):
     order.write_text(json.dumps({"goals": ["light blue dye", "lead"]}))
     proc = start_http_server(free_port, "--task-set", "agentgym", "--goal-order", str(order))
     try:
-        cfg = bridge_config(tmp_path / "tc.json", f"http://127.0.0.1:{free_port}")
+        # No sentinel instance: its create would shift the ids, and the stand-in's create resets an instance to
+        # the task of its id, whose goal this order may leave uncraftable (AgentGym's server has no such ids).
+        cfg = bridge_config(tmp_path / "tc.json", f"http://127.0.0.1:{free_port}", "--no-sentinel")
         bad = rlf("envs", "doctor", str(cfg), "--task-id", "0")
         out = bad.stdout.replace("\n", " ")
         assert bad.returncode == 1 and "✗ reset(task_id=0)" in out and "light blue dye" in out, out

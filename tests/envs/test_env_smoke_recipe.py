@@ -81,3 +81,62 @@ def test_tiny_random_is_not_a_path_and_verl_refuses_it(tmp_path):
     assert any("tiny-random model's 4096 positions" in e for e in too_long.errors), too_long.errors
     with pytest.raises(ConfigError, match="model.path: tiny-random"):
         train(recipe.with_overrides(["engine=verl", f"trainer.output_dir={tmp_path}"]), dry_run=True)
+
+
+# Goals AgentGym's own TextCraft server sets for these task ids (seen when it ran; the project's own task set
+# names acacia boat / acacia door / anvil there).
+REAL_SERVER_GOALS = {0: "light blue dye", 3: "green stained glass", 17: "lead"}
+
+
+def test_the_smoke_recipe_shows_the_servers_goal_and_its_rows_name_no_other():
+    from rlfactory.envs.textcraft import TextCraftEnv
+    from rlfactory.models.tokenizer import load_qwen_tokenizer
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.rollout.truncation import truncate_tokens
+
+    recipe = Recipe.from_yaml(RECIPE)
+    rows = [json.loads(ln) for f in (recipe.data.train_file, recipe.data.val_file)
+            for ln in Path(str(f)).read_text().splitlines() if ln.strip()]  # resolved by the recipe loader
+    ids = {r["env"]["task_id"] for r in rows}
+    assert set(REAL_SERVER_GOALS) <= ids
+    # The rows name no goal: the goal is the server's, read from its reset observation (ours or AgentGym's).
+    known = set(TextCraftEnv().goals) | set(TextCraftEnv(task_set="agentgym").goals)
+    for row in rows:
+        named = {g for g in known if f"craft {g}" in row["prompt"]}
+        assert named <= {REAL_SERVER_GOALS.get(row["env"]["task_id"])}, (row["id"], named)
+    # The local server numbers tasks as AgentGym's does.
+    (cfg,) = recipe.tools.mcp_configs
+    server = json.loads(Path(RECIPE.parent, cfg).read_text())["mcpServers"][recipe.tools.servers[0]]
+    assert server["args"][-2:] == ["--task-set", "agentgym"]
+
+    # Every row's reset observation (AgentGym's shape: the crafting commands, then the goal) keeps its goal line
+    # through the recipe's tool-response budget, and so does one with three times as many commands.
+    ro = recipe.rollout
+    chat = ChatFormat(load_qwen_tokenizer(), None)
+
+    def seen(text: str) -> str:
+        return truncate_tokens(chat.neutralize(text), ro.tool_response_max_tokens, ro.tool_response_truncation,
+                               chat.encode, chat.decode)[0]
+
+    env = TextCraftEnv(task_set="agentgym")
+    for task_id in sorted(ids):
+        observation = env.reset(task_id).observation
+        assert seen(observation).endswith(f"Goal: craft {env.goal}."), task_id
+    commands = "\n".join(env.commands * 3)
+    assert seen(f"Crafting commands:\n{commands}\n\nGoal: craft light blue dye.").endswith(
+        "Goal: craft light blue dye.")
+
+
+def test_rollout_summary_counts_infra_failures(tmp_path, free_port):
+    cfg = tmp_path / "dead.json"  # the bridge in front of an AgentGym server that is down
+    cfg.write_text(json.dumps({"mcpServers": {"textcraft": {
+        "command": sys.executable,
+        "args": [str(REPO / "envs/tools/agentgym_bridge.py"), "--url", f"http://127.0.0.1:{free_port}",
+                 "--timeout-s", "2", "--state-dir", str(tmp_path / "state")],
+        "rlfactory": {"cache": False}}}}))
+    proc = rlf("rollout", str(RECIPE), "--limit", "1", "--out", str(tmp_path / "t.jsonl"),
+               "--set", f"tools.mcp_configs=[{cfg}]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if "rollout/infra_failed" in ln]
+    assert line.replace("│", " ").split() == ["rollout/infra_failed", "2"], proc.stdout
