@@ -3,7 +3,8 @@
 Covers pydantic field errors (with `did you mean` for typos), cross-field arithmetic (`config.cross_field_problems`),
 files (model folder, data files and their fields, mcpServers configs, chat template) and reward-spec resolution.
 A missing model folder is a WARNING for `validate` (GPU recipes name a folder the user provides, see their headers)
-and an ERROR for `train` (`for_training=True`). Starts no tool server and loads no model weights.
+and an ERROR for `train` (`for_training=True`). Starts no tool server and loads no model weights; one check needs
+the servers' tools and runs where they start, before any rollout (`check_tool_schemas_fit`).
 """
 from __future__ import annotations
 
@@ -378,3 +379,39 @@ def _check_rewards(r: Recipe, errors: list[str], *, required: bool) -> None:
         errors.append(f"rewards.functions: loading failed: {type(e).__name__}: {e}")
 
 
+
+
+# ------------------------------------------------------------------------------------------- once servers are up
+def check_tool_schemas_fit(recipe: Recipe, tokenizer: Any, chat: Any, specs: list[Any]) -> None:
+    """Refuse (ConfigError) tool schemas that alone fill `rollout.max_context_tokens`: every trajectory would end
+    at `context_length` before its first token and training would "succeed" at reward 0. Called where the tool side
+    starts (trainer/wiring.py: local runs, the asynchronous generator, verl's workers), once the servers have listed
+    their tools and the prompt is first rendered with them, before any rollout. Names the sizes and the servers
+    whose tools take the most tokens; warns when the schemas leave less room than one turn's tokens."""
+    from rlfactory.rollout.chat import ChatFormat
+
+    ro = recipe.rollout
+    limit = ro.max_context_tokens
+    empty = chat.prompt_messages("", None)  # the system turn with the schemas, and no task text
+    with_tools = len(chat.prompt_ids(empty))
+    if with_tools < limit:
+        if limit - with_tools < ro.sampling.max_new_tokens_per_turn:
+            logger.warning("the tool schemas leave %d of rollout.max_context_tokens (%d) for the task, observations "
+                           "and answers: less than one turn (rollout.sampling.max_new_tokens_per_turn %d)",
+                           limit - with_tools, limit, ro.sampling.max_new_tokens_per_turn)
+        return
+    bare = len(ChatFormat.for_rollout(tokenizer, None, ro).prompt_ids(empty))
+    by_server: dict[str, list[Any]] = {}
+    for spec in specs:
+        by_server.setdefault(spec.server, []).append(spec)
+    sizes = {name: len(ChatFormat.for_rollout(tokenizer, [s.to_openai() for s in group], ro).prompt_ids(empty)) - bare
+             for name, group in by_server.items()}
+    top = ", ".join(f"'{name}' {n} tokens ({len(by_server[name])} tools)"
+                    for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+    raise ConfigError(
+        f"rollout.max_context_tokens ({limit}) cannot hold the tool schemas: the prompt before any task text is "
+        f"already {with_tools} tokens, {with_tools - bare} of them the schemas of {len(specs)} tools, so every "
+        f"trajectory would end at context_length with no token generated. Most tool tokens: {top}. Fix: start "
+        f"fewer servers or tools (tools.servers in the recipe, or an mcpServers file with fewer of them), or raise "
+        f"rollout.max_context_tokens well above {with_tools} (room for the task, observations and answers, within "
+        f"the model's positions).", file=recipe.source)

@@ -265,6 +265,18 @@ class TrainerConfig(Section):
     trained oldest first and one whose oldest token is more than k versions old is dropped (counted in
     `async/dropped_trajectories`); a straggler never holds a step. `wait`: groups are trained in the order they
     started, so none breaks the bound and none is dropped; a straggler holds its step."""
+    max_env_outage_s: float = Field(600.0, ge=0)
+    """Local runs: how long an outage is waited out. A step whose every trajectory failed for infrastructure
+    reasons (a tool or environment server down) is skipped: no update, counted in `rollout/skipped_steps`. Once
+    such steps have followed one another for this many seconds, the run saves a checkpoint and stops with an error
+    naming the servers (continue with --resume once they are back). 0 = stop at the first such step."""
+    generator_watchdog_s: float = Field(30.0, gt=0)
+    """Asynchronous local runs: while a step waits on the generator process, log every this many seconds what it
+    waits for (the generator's pid, how long, what the generator was last doing)."""
+    generator_stall_timeout_s: float = Field(300.0, gt=0)
+    """Asynchronous local runs: stop with an error when, while a step waits on it, the generator process has not
+    been heard from (stopped, frozen) or has made no progress (no token generated, no tool result, no group or
+    update job finished, and no tool call in flight) for this long. A long step that progresses never hits it."""
 
     @model_validator(mode="after")
     def _check_loggers(self) -> "TrainerConfig":

@@ -22,6 +22,10 @@ groups, or for the generator's jobs) and of the generator's engine (no forward p
 the bound held the generator back, the update jobs, rows and seconds the generator took; and
 `off_policy/*`: behaviour-vs-proximal logprob gap and KL, tokens clipped or masked by the correction.
 
+A step whose every trajectory failed for infrastructure reasons is skipped as in the synchronous loop (outage.py):
+no update and no push, and its groups free their places under the bound. While a step waits on the generator, a
+watchdog (generator_watch.py) logs at intervals what it waits for, and stops the run when the generator stalls.
+
 Checkpoints hold the model, optimizer and the data position: the first group not yet trained, and those trained
 after it. Groups in flight or waiting when a run is killed are discarded, and a resumed run generates their
 prompts again under the restored weights (so a resume is exact only for k = 0, the synchronous loop).
@@ -32,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -46,9 +52,11 @@ from rlfactory.rollout.engines.protocol import ENGINE_COUNTERS
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.tools.counters import combine_counters, tool_metrics
 from rlfactory.trainer.generator_launch import GeneratorLaunch, Setup, drain
+from rlfactory.trainer.generator_watch import GeneratorStalled, GeneratorWatch
 from rlfactory.trainer.group_queue import GroupQueue
 from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.loop import LocalTrainer, StageTimer
+from rlfactory.trainer.outage import Verdict
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.streamed_update import StreamedStep, UpdatePart, streams
 from rlfactory.trainer.update_jobs import UpdateJobs
@@ -74,6 +82,7 @@ class AsyncTrainer(LocalTrainer):
         self._gen_stats: dict[str, float] = {}
         self.update_jobs: UpdateJobs | None = None  # set in run() when the generator shares the update
         self._parts: dict[int, UpdatePart] = {}  # the generator's share of a step's update, by step
+        self.watch: GeneratorWatch | None = None  # set in run(), once the generator's pid is known
 
     # ----------------------------------------------------------------------------------------------- state
     def _save(self) -> Any:
@@ -94,6 +103,8 @@ class AsyncTrainer(LocalTrainer):
     # ----------------------------------------------------------------------------------------------- intake
     def _take(self, msg: tuple[str, Any]) -> None:
         kind, body = msg
+        if self.watch is not None:
+            self.watch.heard(kind, body)
         if kind == "error":
             if body["user"]:
                 raise RLFactoryError(f"the generator process failed: {body['message']}")
@@ -108,13 +119,23 @@ class AsyncTrainer(LocalTrainer):
             self._dropped_step += body.trajectories
             self._gen_stats = body.stats
 
-    async def _receive(self, timeout_s: float) -> None:
+    async def _receive(self, timeout_s: float, waiting_for: str | None = None) -> None:
+        """Take what the generator sent within `timeout_s`. `waiting_for` (words): the step is waiting for it, and
+        the watchdog (generator_watch.py) logs at intervals and raises GeneratorStalled past its bound."""
         launch = self.launch
         for msg in await asyncio.to_thread(drain, launch.results, timeout_s):
             self._take(msg)
         if not launch.proc.is_alive() and launch.results.empty():
             raise RLFactoryError(f"the generator process exited (code {launch.proc.exitcode}) without reporting an "
                                  f"error; see the log above")
+        if waiting_for is not None and self.watch is not None:
+            try:
+                self.watch.check(waiting_for)
+            except GeneratorStalled:
+                # a stopped process ignores the stop flag and SIGTERM: resumed, it closes its tool servers and exits
+                with contextlib.suppress(OSError):
+                    os.kill(launch.proc.pid, signal.SIGCONT)
+                raise
 
     def _pick(self, step: int, most: int | None = None) -> list[Any] | None:
         """prompts_per_step groups for the step at policy version `step`, or None while too few are ready; with
@@ -142,6 +163,7 @@ class AsyncTrainer(LocalTrainer):
         bar = StepProgress(self.progress, t.total_steps, start_step)
         if self.launch is None:
             self.launch = GeneratorLaunch.start(r)
+        self.watch = GeneratorWatch(self.launch.proc.pid, t.generator_watchdog_s, t.generator_stall_timeout_s)
         weights = SharedWeights.from_model(self.model, self.launch.lock, version=self.step)
         if self._shares_update():
             self.update_jobs = UpdateJobs.from_model(self.model, self.launch.jobs_lock)
@@ -161,21 +183,34 @@ class AsyncTrainer(LocalTrainer):
                     s = self.step
                     timer = StageTimer()
                     self._dropped_step = 0
+                    self.watch.begin()
                     with timer("step"):
                         if streamed:
-                            groups, upd_m = await self._streamed_step(s, timer)
+                            groups, verdict, upd_m = await self._streamed_step(s, timer)
                         else:
                             with timer("wait"):
                                 while (groups := self._pick(s)) is None:
-                                    await self._receive(0.05)
-                            with timer("update"):
-                                upd_m = await asyncio.to_thread(self._update, _trajectories(groups),
-                                                                r.algorithm.off_policy)
+                                    await self._receive(0.05, f"the {t.prompts_per_step} groups of step {s + 1}")
+                            verdict = self.outage.judge(_trajectories(groups), s + 1)
+                            if verdict is Verdict.TRAIN:
+                                with timer("update"):
+                                    upd_m = await asyncio.to_thread(self._update, _trajectories(groups),
+                                                                    r.algorithm.off_policy)
                         trajs = _trajectories(groups)
-                        self.step += 1
-                        with timer("push"):
-                            weights.publish(self.model, self.step)
-                            self.launch.wake()
+                        if verdict is Verdict.TRAIN:
+                            self.step += 1
+                            with timer("push"):
+                                weights.publish(self.model, self.step)
+                                self.launch.wake()
+                    if verdict is not Verdict.TRAIN:
+                        stop = await self._after_skipped_step(verdict)
+                        # Their places under the bound are free again, once the pause is over: the groups that
+                        # take them start when the servers may be back, not at once into the same outage.
+                        with self.launch.trainer_drops.get_lock():
+                            self.launch.trainer_drops.value += len(groups)
+                        if stop:
+                            break
+                        continue
                     row: dict[str, Any] = {"step": self.step, "horizon": max(x.horizon or 0 for x in trajs),
                                            "horizon_stage": stage_for_step(r.rollout.horizon, s)}
                     rew_m = combine_reward_metrics([m for g in groups for m in g.reward_metrics])
@@ -222,11 +257,11 @@ class AsyncTrainer(LocalTrainer):
         return (self.recipe.trainer.update_on_generator and self.launch.engine_cpus is not None
                 and self.device.type == "cpu" and streams(self.recipe) and self.ref_model is None)
 
-    async def _streamed_step(self, s: int, timer: StageTimer) -> tuple[list[Any], dict[str, float]]:
-        """The step's groups and update metrics, the update built as the groups arrive (streamed_update.py):
-        forward/backward of each arrival's micro-batches runs while the generator finishes the rest, and when the
-        update is shared, the generator's idle engine takes micro-batches from the end of the queue
-        (update_jobs.py)."""
+    async def _streamed_step(self, s: int, timer: StageTimer) -> tuple[list[Any], Verdict, dict[str, float]]:
+        """The step's groups, the outage guard's verdict on them, and the update's metrics (none unless TRAIN: no
+        optimizer step), the update built as the groups arrive (streamed_update.py): forward/backward of each
+        arrival's micro-batches runs while the generator finishes the rest, and when the update is shared, the
+        generator's idle engine takes micro-batches from the end of the queue (update_jobs.py)."""
         need = self.recipe.trainer.prompts_per_step
         jobs = self.update_jobs
         describe = None
@@ -255,13 +290,17 @@ class AsyncTrainer(LocalTrainer):
                         await asyncio.to_thread(step.run_next)
                     continue
                 with timer("wait"):
-                    await self._receive(0.05)
+                    await self._receive(0.05, f"the groups of step {s + 1} ({len(groups)} of {need} here)")
             if jobs is not None and jobs.close():
                 with timer("wait_jobs"):  # the jobs the generator took
                     while not (jobs.posted(s) and s in self._parts):
-                        await self._receive(0.01)
+                        await self._receive(0.01, f"the update jobs of step {s + 1} it took")
                 part = self._parts.pop(s)
                 jobs.add_posted_into(trainable_parameters(self.model))
+            verdict = self.outage.judge(_trajectories(groups), s + 1)
+            if verdict is not Verdict.TRAIN:
+                step.abort()
+                return groups, verdict, {}
             with timer("update"):
                 metrics = await asyncio.to_thread(step.finish, part)
         except BaseException:
@@ -271,7 +310,7 @@ class AsyncTrainer(LocalTrainer):
             metrics.update({"async/generator_update_jobs": float(part.jobs if part else 0),
                             "async/generator_update_rows": float(part.rows if part else 0),
                             "async/generator_update_s": float(part.seconds if part else 0.0)})
-        return groups, metrics
+        return groups, verdict, metrics
 
     async def _wait_ready(self) -> None:
         proc, results = self.launch.proc, self.launch.results

@@ -32,6 +32,10 @@ tokenising, the results queue) and its tool servers are not pinned: they take ~1
 thread's core they took turns with it. Pinning only that thread took the quickstart's asynchronous runs from 28.7
 and 25.1 s to 25.5 and 23.1 s (seeds 0 and 1, one run each, bench/async_train.py).
 
+Every `PULSE_S` the serve loop sends a pulse (what it is doing, its progress counters) on the results queue: the
+trainer's watchdog (generator_watch.py) says from it what a waiting step waits for, and notices a stopped or stalled
+generator.
+
 Group i's prompt is the i-th draw of the run's seeded task order (`TaskSampler.at`), so a resumed run restarts
 from the first group not yet trained, skipping those trained after it; groups in flight at a kill are lost and
 their prompts generated again.
@@ -51,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.trainer.generator_watch import PULSE_S
 from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.ordered_slots import OrderedSlots
 
@@ -108,6 +113,20 @@ class GroupResult:
     """Counters (`ToolManager.counters()` shape) of this group's tool calls; None without tools."""
     stats: dict[str, float] = field(default_factory=dict)
     """The generator's cumulative counters: see `Generator.stats`."""
+
+
+@dataclass
+class Activity:
+    """What the generator's pulses report beyond its engine's counters."""
+
+    tool_calls: int = 0
+    """Tool calls in flight now."""
+    tool_results: int = 0
+    groups_done: int = 0
+
+
+PROGRESS_NAMES = ("decode steps", "prefills", "tool results", "groups", "update-job s", "weight loads")
+"""The counters of a pulse's `progress`, in order."""
 
 
 @dataclass
@@ -186,6 +205,7 @@ class Generator:
         self._closing = asyncio.Event()
         self.turn_slots = OrderedSlots(self.P * self.r.rollout.samples_per_prompt)
         """One step's worth of turns generate at once, lowest group first (see the module's docstring)."""
+        self.activity = Activity()
 
     def stats(self, engine: Any) -> dict[str, float]:
         """Cumulative: wall_s since start, engine busy_s, gated_s (the bound held new groups back), weight loads and
@@ -197,6 +217,18 @@ class Generator:
                 "weight_loads": float(engine.weight_loads), "weight_load_s": engine.weight_load_s,
                 "started": float(self.started), "dropped": float(self.dropped),
                 "tool_restarts": float(self.tools.counters()["restarts"]) if self.tools is not None else 0.0}
+
+    def _pulse(self, engine: Any) -> None:
+        """Tell the trainer's watchdog what this process is doing (generator_watch.py)."""
+        from rlfactory.rollout.engines.protocol import engine_counters
+
+        e, a = engine_counters(engine), self.activity
+        progress = (e["engine_decode_steps"], e["engine_prefills"], float(a.tool_results), float(a.groups_done),
+                    self.helper.seconds if self.helper is not None else 0.0, float(engine.weight_loads))
+        self.results.put(("pulse", {"pid": os.getpid(), "sent": time.monotonic(), "groups": len(self.inflight),
+                                    "tool_calls": a.tool_calls, "gated": not self._allowed(),
+                                    "version": self.weights.version, "progress": progress,
+                                    "progress_names": PROGRESS_NAMES}))
 
     def _allowed(self) -> bool:
         live = self.started - self.dropped - int(self.trainer_drops.value)
@@ -295,8 +327,12 @@ class Generator:
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_reader(self.wake_in.fileno(), self._on_wake, loop, wake)
+        next_pulse = 0.0
         try:
             while not (self.stop.is_set() or self._closing.is_set()):
+                if time.monotonic() >= next_pulse:
+                    self._pulse(engine)
+                    next_pulse = time.monotonic() + PULSE_S
                 while self._allowed():
                     while index in skip:
                         index += 1
@@ -362,7 +398,7 @@ class Generator:
                      horizon: int, seed: int, version: int) -> None:
         from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
 
-        tools = None if side.tools is None else _GroupTools(side.tools)
+        tools = None if side.tools is None else _GroupTools(side.tools, self.activity)
         loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest, self.turn_slots, index), tools, side.chat,
                          self.r.rollout)
 
@@ -376,18 +412,20 @@ class Generator:
         counts = None if tools is None else tools.counts
         if self.helper is not None:
             self.helper.keep(index, trajs)
+        self.activity.groups_done += 1
         self.results.put(("group", GroupResult(index, trajs, metrics, version, counts, self.stats(side.engine))))
 
 
 class _GroupTools:
     """The ToolManager as one group's AgentLoop sees it, counting that group's calls (`tools/*` per step are then
-    the step's own groups' calls, as in a synchronous step)."""
+    the step's own groups' calls, as in a synchronous step), and the calls in flight (`activity`, for the pulses)."""
 
-    def __init__(self, tools: Any):
+    def __init__(self, tools: Any, activity: Activity):
         from rlfactory.tools.counters import empty_counters
 
         self.tools = tools
         self.counts = empty_counters()
+        self.activity = activity
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tools, name)
@@ -395,17 +433,29 @@ class _GroupTools:
     async def call(self, call: Any) -> Any:
         from rlfactory.tools.counters import count_result
 
-        result = await self.tools.call(call)
+        with self._in_flight(1):
+            result = await self.tools.call(call)
         count_result(self.counts, result)
         return result
 
     async def call_many(self, calls: Any) -> Any:
         from rlfactory.tools.counters import count_result
 
-        results = await self.tools.call_many(calls)
+        calls = list(calls)
+        with self._in_flight(len(calls)):
+            results = await self.tools.call_many(calls)
         for result in results:
             count_result(self.counts, result)
         return results
+
+    @contextlib.contextmanager
+    def _in_flight(self, n: int) -> Any:
+        self.activity.tool_calls += n
+        try:
+            yield
+        finally:
+            self.activity.tool_calls -= n
+            self.activity.tool_results += n
 
 
 class _VersionWatch:

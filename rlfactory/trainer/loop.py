@@ -6,8 +6,10 @@
 The run folder holds metrics.jsonl (one object per step), TensorBoard events, summary.json, sampled transcripts
 (JSONL + the HTML viewer), the reward-curve PNG and checkpoints. A rollout that fails is counted
 (`rollout/errors`) and its tokens are not trained on; a reward function that raises is counted (`reward/errors`);
-a tool server that dies costs only error content (the ToolManager restarts it). Same seed, same metrics: prompts,
-sampling seeds and transcript picks derive from (seed, step), and a resumed run restores RNG and data position.
+a tool server that dies costs only error content (the ToolManager restarts it); a step whose every trajectory failed
+for infrastructure reasons is skipped and counted, and an outage that lasts stops the run with a checkpoint
+(`outage.py`). Same seed, same metrics: prompts, sampling seeds and transcript picks derive from (seed, step), and a
+resumed run restores RNG and data position.
 
 The update itself (advantages, micro-batched forward/backward, the optimizer step) is `update.py`.
 
@@ -45,6 +47,7 @@ from rlfactory.rollout.engines.protocol import SamplingParams, engine_counters
 from rlfactory.rollout.horizon import horizon_for_step, max_horizon, stage_for_step
 from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlfactory.trainer.heap import FrozenHeap
+from rlfactory.trainer.outage import OutageGuard, Verdict
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.resume_changes import check_resume, describe, record_resume
 from rlfactory.trainer.update import GRPOUpdate
@@ -113,7 +116,10 @@ class LocalTrainer(GRPOUpdate):
         self.rewards_so_far: list[float] = []
         self.resume = resume
         self.stopped_by: str | None = None
-        """What ended the run before total_steps (`SIGTERM`), if anything."""
+        """What ended the run before total_steps (`SIGTERM`, `env_outage`), if anything."""
+        self.outage = OutageGuard(r.trainer.max_env_outage_s)
+        """Skips steps with nothing to train on; stops the run when that lasts (outage.py)."""
+        self._outage_checkpoint: Path | None = None
 
     # ----------------------------------------------------------------------------------------------- run folder
     def _prepare_run_dir(self) -> dict[str, Any] | None:
@@ -200,10 +206,16 @@ class LocalTrainer(GRPOUpdate):
                         with timer("rollout"):
                             trajs, roll_m = await side.loop.run_batch(
                                 tasks, r.rollout.samples_per_prompt, horizon, seed=_step_seed(t.seed, step_idx, 1))
-                        with timer("reward"):
-                            rew_m = await side.rewards.score(trajs)
-                        with timer("update"):
-                            upd_m = await asyncio.to_thread(self._update, trajs)
+                        verdict = self.outage.judge(trajs, step_idx + 1)
+                        if verdict is Verdict.TRAIN:
+                            with timer("reward"):
+                                rew_m = await side.rewards.score(trajs)
+                            with timer("update"):
+                                upd_m = await asyncio.to_thread(self._update, trajs)
+                    if verdict is not Verdict.TRAIN:
+                        if await self._after_skipped_step(verdict):
+                            break
+                        continue
                     self.step += 1
                     self.rewards_so_far.append(rew_m["reward/mean"])
                     row: dict[str, Any] = {"step": self.step, "horizon": horizon,
@@ -252,6 +264,18 @@ class LocalTrainer(GRPOUpdate):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
 
+    async def _after_skipped_step(self, verdict: Verdict) -> bool:
+        """After a step with nothing to train on (outage.py): True when the run stops here, with a checkpoint (the
+        outage lasted `trainer.max_env_outage_s`, or SIGTERM came); else wait a little before the next step."""
+        if verdict is Verdict.STOP or self.stopped_by is not None:
+            checkpoint = self._save()
+            if verdict is Verdict.STOP:
+                self.stopped_by, self._outage_checkpoint = "env_outage", checkpoint
+            logger.warning("stopped at step %d by %s; checkpoint saved", self.step, self.stopped_by)
+            return True
+        await self.outage.pause(lambda: self.stopped_by is not None)
+        return False
+
     def _stop_after_step(self) -> bool:
         """True when a SIGTERM asked to stop: the step just ended is checkpointed (unless `_end_step` just did)."""
         if self.stopped_by is None or self.step >= self.recipe.trainer.total_steps:
@@ -264,6 +288,7 @@ class LocalTrainer(GRPOUpdate):
     def _end_step(self, row: dict[str, Any], log: Any, bar: Any, wall0: float) -> None:
         """Log the step's row and checkpoint when the recipe says so."""
         row["time/elapsed_s"] = time.perf_counter() - wall0  # since the run (tool servers) started
+        row.update(self.outage.row_metrics())
         log.write(row)
         bar.update(self.step, row)
         if self._checkpoint_due():
@@ -276,10 +301,12 @@ class LocalTrainer(GRPOUpdate):
 
     def _finish(self, start_step: int, wall0: float, last_eval: dict[str, Any],
                 **extra: Any) -> dict[str, Any]:
-        """summary.json (with `extra` fields) and the report; returns the summary."""
+        """summary.json (with `extra` fields) and the report; returns the summary. Raises EnvOutageError after
+        writing both when an outage stopped the run (outage.py)."""
         t = self.recipe.trainer
         summary = {"name": self.recipe.name, "steps": self.step, "resumed_from_step": start_step,
                    **({"stopped_by": self.stopped_by} if self.stopped_by else {}),
+                   "skipped_steps": self.outage.skipped_total,
                    "wall_s": time.perf_counter() - wall0, "seed": t.seed, "output_dir": str(self.out), **extra,
                    **reward_summary(self.rewards_so_far), "rewards": self.rewards_so_far}
         if last_eval:
@@ -289,6 +316,8 @@ class LocalTrainer(GRPOUpdate):
             write_report(self.out, tokenizer=self.tokenizer)
         except Exception as e:  # plots are a convenience: a failure here must not lose a finished run
             logger.warning("could not write the report: %s", e)
+        if self.stopped_by == "env_outage":
+            raise self.outage.error(self.step, self._outage_checkpoint)
         return summary
 
     async def evaluate(self, side: Any, *, tag: str = "eval", k: int | None = None) -> dict[str, Any]:

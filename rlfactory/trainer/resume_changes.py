@@ -37,6 +37,9 @@ APPLIED: dict[str, str] = {
     "rollout.max_concurrent_trajectories": "speed only",
     "data.max_val_tasks": "evaluation only",
     "data.val_file": "evaluation only",
+    "trainer.max_env_outage_s": "outages are waited out for the new time from the resumed step on",
+    "trainer.generator_watchdog_s": "logging only",
+    "trainer.generator_stall_timeout_s": "a stalled generator is waited for the new time from the resumed step on",
 }
 """Fields (or prefixes ending in '.') a resume may change, and what the change means."""
 

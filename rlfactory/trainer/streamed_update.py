@@ -56,13 +56,14 @@ class Arrival:
 
 def arrival(host: Any, trajs: list[Any], max_rows: int, tail: tuple[int, int] | None = None) -> Arrival | None:
     """The batch, advantages and micro-batches (at most `max_rows` rows) of arrived trajectories; None when every
-    one was an infrastructure failure. `tail` = (pieces, rows): the last pieces x rows rows (the longest) are cut
+    one was an infrastructure failure (they would add no row to train, and an episode that never opened has no
+    prompt to batch). `tail` = (pieces, rows): the last pieces x rows rows (the longest) are cut
     into pieces of that many rows, the jobs a shared update's generator takes (update_jobs.py)."""
     a = host.recipe.algorithm
     hit = [t.infra_failed for t in trajs]
-    kept = exclude_infra_failures(trajs)  # out of the loss and of their groups' statistics
-    if not kept:
+    if all(hit):
         return None
+    kept = exclude_infra_failures(trajs)  # out of the loss and of their groups' statistics
     batch = build_batch(kept, pad_id_of(host.tokenizer))
     advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)
     has_signal, lengths, prompt_of = host._row_plan(batch, advantages)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from rlfactory.models.loading import pad_id_of
+from rlfactory.preflight import check_tool_schemas_fit
 from rlfactory.recipe.schema import Recipe
 from rlfactory.reward import RewardSet
 from rlfactory.rollout.agent_loop import AgentLoop
@@ -52,6 +53,8 @@ async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path,
             await tools.start()
         rewards = RewardSet.from_config(recipe.rewards, recipe.base_dir, cache=cache, file=recipe.source)
         chat = ChatFormat.for_rollout(tokenizer, tools.openai_schemas() if tools else None, recipe.rollout)
+        if tools is not None:
+            check_tool_schemas_fit(recipe, tokenizer, chat, tools.specs)  # before any rollout: they must fit
     except BaseException:
         await close_tool_side(tools, cache)
         raise
