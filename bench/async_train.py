@@ -24,6 +24,18 @@ and per run: step-time medians, idle seconds of trainer and generator (medians, 
 the trainer's total split into waiting for groups and for the generator's update jobs), weight-push seconds,
 trajectories dropped.
 `--png` (default next to the JSON) plots reward against wall-clock time for both modes.
+
+A/B mode measures one mechanism of the asynchronous run on against off instead, interleaved (ABBA...) so that the
+machine's drift hits both alike:
+
+    python bench/async_train.py --json out.json --ab trainer.update_on_generator=true trainer.update_on_generator=false
+    python bench/async_train.py --json out.json --ab-tree /path/to/other/checkout [--rounds 6] [--seeds 0]
+
+`--ab A B` runs the asynchronous quickstart with recipe override A, then B; `--ab-tree DIR` runs this checkout (A)
+against the code of another checkout (B: the CLI run from DIR imports DIR's rlfactory). It reports each side's wall
+seconds (mean, standard deviation, min, max), the paired difference B - A per round (mean and its standard error),
+and `within_spread`: whether the mean difference is smaller than the run-to-run spread (the larger standard
+deviation of the two sides) and within two standard errors of zero.
 """
 from __future__ import annotations
 
@@ -52,9 +64,10 @@ def straggler_config(folder: Path) -> Path:
     return path
 
 
-def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None) -> dict[str, Any]:
+def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None, *, extra: list[str] = (),
+            tree: Path = REPO) -> dict[str, Any]:
     sets = [f"trainer.total_steps={steps}", f"trainer.seed={seed}", f"trainer.max_staleness_steps={k}",
-            "trainer.save_every_steps=0", "trainer.log.tensorboard=false"]
+            "trainer.save_every_steps=0", "trainer.log.tensorboard=false", *extra]
     if mcp is not None:
         sets.append(f"tools.mcp_configs=[{mcp}]")
     cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(RECIPE), "--output-dir", str(out)]
@@ -62,7 +75,7 @@ def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None) -> dict[
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     process_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
@@ -122,6 +135,49 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def ab(args: argparse.Namespace) -> dict[str, Any]:
+    """The A/B mode (see the module docstring): rounds of A and B in ABBA order, per seed."""
+    if args.ab:
+        sides = {"A": {"extra": [args.ab[0]], "tree": REPO, "what": args.ab[0]},
+                 "B": {"extra": [args.ab[1]], "tree": REPO, "what": args.ab[1]}}
+    else:
+        sides = {"A": {"extra": [], "tree": REPO, "what": str(REPO)},
+                 "B": {"extra": [], "tree": args.ab_tree.resolve(), "what": str(args.ab_tree.resolve())}}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    walls: dict[str, list[float]] = {"A": [], "B": []}
+    pairs: list[float] = []
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="rlf-async-ab-") as tmp:
+        for rnd in range(args.rounds):
+            for seed in seeds:
+                order = ("A", "B") if (rnd + seed) % 2 == 0 else ("B", "A")
+                got = {}
+                for side in order:
+                    r = run_one(Path(tmp) / f"r{rnd}-s{seed}-{side}", args.steps, seed, args.k, None,
+                                extra=sides[side]["extra"], tree=sides[side]["tree"])
+                    got[side] = r["wall_s"]
+                    walls[side].append(r["wall_s"])
+                    runs.append({"round": rnd, "side": side, **{k: v for k, v in r.items() if k != "curve"}})
+                    print(f"round {rnd} seed {seed} {side} ({sides[side]['what']}): wall {r['wall_s']:.2f} s",
+                          flush=True)
+                pairs.append(got["B"] - got["A"])
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        return {"mean": round(statistics.fmean(xs), 3), "stdev": round(statistics.stdev(xs), 3) if len(xs) > 1
+                else 0.0, "min": min(xs), "max": max(xs), "n": len(xs)}
+
+    a, b = stats(walls["A"]), stats(walls["B"])
+    diff = statistics.fmean(pairs)
+    se = statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else float("inf")
+    spread = max(a["stdev"], b["stdev"])
+    return {"A": {"what": sides["A"]["what"], **a}, "B": {"what": sides["B"]["what"], **b},
+            "diff_b_minus_a_s": round(diff, 3), "diff_relative": round(diff / a["mean"], 4),
+            "diff_standard_error_s": round(se, 3), "run_to_run_spread_s": spread,
+            "within_spread": abs(diff) < spread and abs(diff) <= 2 * se,
+            "pairs_b_minus_a_s": [round(x, 2) for x in pairs], "k": args.k, "steps": args.steps, "seeds": seeds,
+            "rounds": args.rounds, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, required=True)
@@ -130,7 +186,16 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--workloads", default="quickstart,straggler")
+    ap.add_argument("--ab", nargs=2, metavar=("A", "B"), help="A/B mode: two recipe overrides (KEY=VALUE each)")
+    ap.add_argument("--ab-tree", type=Path, help="A/B mode: this checkout against the code of another one")
+    ap.add_argument("--rounds", type=int, default=6, help="A/B mode: rounds of A and B per seed")
     args = ap.parse_args()
+    if args.ab or args.ab_tree:
+        out = ab(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+        print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = args.workloads.split(",")
     results: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}

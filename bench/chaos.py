@@ -19,6 +19,15 @@
 4. **Tool output fuzzing** (`bench/chaos_tools.py`): 10,000 fuzzed outputs plus 50 MB outputs, binary, invalid
    UTF-8, raw non-UTF-8 bytes and 100,000-deep JSON through the real rollout. `rollout_crashes == 0`;
    `max_rss_growth_mb`, the rollout process's resident-memory growth over a benign run of the same shape.
+
+The third reliability round adds one campaign module each (`bench/chaos_<name>.py`, each also runnable alone):
+5. **Environment outages** (`chaos_outage.py`): `env_outage_crashes`.
+6. **AgentGym server restarts and abrupt session ends** (`chaos_envs.py`): `episode_crosstalk`, `leaked_env_instances`.
+7. **Snippets escaping the sandbox** (`chaos_sandbox.py`): `sandbox_orphans`.
+8. **Abusive requests to `rlfactory serve`** (`chaos_serve.py`): `serve_requests_failed_by_others`,
+   `serve_max_rss_growth_mb`.
+9. **Runs started together into one folder** (`chaos_runs.py`): `concurrent_runs_lost`.
+10. **Poison lines in a live metrics.jsonl** (`chaos_dashboard.py`): `dashboard_poison_lines_survived`.
 """
 from __future__ import annotations
 
@@ -238,6 +247,17 @@ def trainer_kills(tmp: Path, rng: random.Random, *, steps: int = 12, kills: int 
 
 
 # ------------------------------------------------------------------------------------------------ main
+THIRD_ROUND_KEYS = {
+    "outage": ("env_outage_crashes",),
+    "envs": ("episode_crosstalk", "leaked_env_instances"),
+    "sandbox": ("sandbox_orphans",),
+    "serve": ("serve_requests_failed_by_others", "serve_max_rss_growth_mb"),
+    "runs": ("concurrent_runs_lost",),
+    "dashboard": ("dashboard_poison_lines_survived",),
+}
+"""The headline figures each campaign of the third reliability round returns (copied to the top of the JSON)."""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, help="write the figures to this JSON file")
@@ -246,33 +266,56 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the scratch folder (runs, logs, trajectories)")
     args = p.parse_args()
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    import chaos_dashboard
+    import chaos_envs
+    import chaos_outage
+    import chaos_runs
+    import chaos_sandbox
+    import chaos_serve
     import chaos_tools
 
+    THIRD_ROUND = [  # noqa: N806 - the campaigns of the third reliability round, in the order they run
+        ("outage", chaos_outage, "environment server down for a step and for good, sync and async"),
+        ("envs", chaos_envs, "AgentGym server restarts and abrupt bridge session ends"),
+        ("sandbox", chaos_sandbox, "sandbox snippets that detach (setsid, double fork, closed pipes)"),
+        ("serve", chaos_serve, "abusive requests to rlfactory serve beside ordinary ones"),
+        ("runs", chaos_runs, "runs started together into one folder"),
+        ("dashboard", chaos_dashboard, "poison lines in a live metrics.jsonl"),
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="rlf-chaos-"))
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     try:
-        print("1/4 tool-server kills during a 512-trajectory rollout ...", flush=True)
+        print("1/10 tool-server kills during a 512-trajectory rollout ...", flush=True)
         t = time.perf_counter()
         kills = asyncio.run(chaos_tools.server_kills(tmp, prompts=16 if args.quick else 64, seed=args.seed,
                                                      target_kills=10 if args.quick else 16))
         timings["server_kills_s"] = time.perf_counter() - t
         print(f"    {kills['server_kills']} kills, {kills['trajectories_written']}/{kills['trajectories_expected']} "
               f"trajectories, {kills['infra_failed_calls']} infra-failed calls", flush=True)
-        print("2/4 Redis loss (real and embedded) during training ...", flush=True)
+        print("2/10 Redis loss (real and embedded) during training ...", flush=True)
         t = time.perf_counter()
         redis = redis_loss(tmp, rng, steps=8 if args.quick else 12)
         timings["redis_loss_s"] = time.perf_counter() - t
-        print("3/4 trainer kill -9 x3 and --resume ...", flush=True)
+        print("3/10 trainer kill -9 x3 and --resume ...", flush=True)
         t = time.perf_counter()
         trainer = trainer_kills(tmp, rng, steps=8 if args.quick else 12)
         timings["trainer_kills_s"] = time.perf_counter() - t
-        print("4/4 tool output fuzzing ...", flush=True)
+        print("4/10 tool output fuzzing ...", flush=True)
         t = time.perf_counter()
         fuzz = asyncio.run(chaos_tools.fuzz(tmp, fuzzed=1000 if args.quick else 10_000, seed=args.seed,
                                             huge_mb=5 if args.quick else 50))
         timings["fuzz_s"] = time.perf_counter() - t
+        third: dict[str, dict[str, Any]] = {}
+        for i, (name, module, what) in enumerate(THIRD_ROUND, start=5):
+            print(f"{i}/10 {what} ...", flush=True)
+            t = time.perf_counter()
+            folder = tmp / name
+            folder.mkdir()
+            third[name] = module.campaign(folder, seed=args.seed, quick=args.quick)
+            timings[f"{name}_s"] = time.perf_counter() - t
+            print("    " + "; ".join(f"{k}={third[name].get(k)}" for k in THIRD_ROUND_KEYS[name]), flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -288,6 +331,7 @@ def main() -> None:
         "resume_metrics_equal": trainer["resume_metrics_equal"],
         "rollout_crashes": fuzz["rollout_crashes"] + (1 if kills["rollout_crash"] else 0),
         "max_rss_growth_mb": fuzz["max_rss_growth_mb"],
+        **{k: third[name].get(k) for name, keys in THIRD_ROUND_KEYS.items() for k in keys},
         "quick": args.quick,
         "seed": args.seed,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -296,6 +340,7 @@ def main() -> None:
         "redis_loss": redis,
         "trainer_kills": trainer,
         "fuzz": fuzz,
+        **{f"{name}_detail": third[name] for name in THIRD_ROUND_KEYS},
     }
     text = json.dumps(result, indent=2)
     if args.json:
@@ -304,7 +349,7 @@ def main() -> None:
     print(text)
     keys = ("trajectories_expected", "trajectories_written", "server_kills", "infra_failed_calls",
             "trained_on_infra_failures", "lost_steps", "cache_hit_rate_recovered", "resume_metrics_equal",
-            "rollout_crashes", "max_rss_growth_mb")
+            "rollout_crashes", "max_rss_growth_mb") + tuple(k for keys in THIRD_ROUND_KEYS.values() for k in keys)
     print("; ".join(f"{k}={result[k]}" for k in keys))
     if args.keep:
         print(f"scratch kept in {tmp}")
