@@ -4,11 +4,16 @@
 
 1. local engine: 2 GRPO steps of a tiny Qwen3 (the test suite's tiny setup: tokenizer trained on calculator
    transcripts, the real calculator MCP server) on `cuda`; prints seconds per step, reward, tokens/s, peak memory.
-2. verl engine (only where vLLM and verl are importable): the same setup as a verl recipe (1 GPU, vLLM rollout,
+2. asynchronous local engine (`trainer.max_staleness_steps=1`): the trainer and its generator process share the
+   GPU; 6 steps synchronous, then 6 asynchronous with the HF engine as the generator, then (where vLLM is
+   importable) 6 asynchronous with the vLLM engine as the generator; prints each run's seconds per step (median after
+   the first), the ratio to the synchronous run, weight-push and weight-load seconds, the largest staleness seen
+   and the policy versions the generator loaded.
+3. verl engine (only where vLLM and verl are importable): the same setup as a verl recipe (1 GPU, vLLM rollout,
    FSDP actor, rlfactory's agent loop), 2 steps in a subprocess with a time limit; prints wall time, exit status and
    the step metrics verl logged (from its console output).
-Without CUDA it stops at once with exit status 2 and says so. Budget: under 8 minutes on one GPU (the verl part
-dominates: Ray and vLLM start-up). Left out: multi-GPU and multi-node runs (see docs/verl.md).
+Without CUDA it stops at once with exit status 2 and says so. Budget: under 8 minutes on one GPU (vLLM's and verl's
+start-ups dominate). Left out: multi-GPU and multi-node runs (see docs/verl.md).
 """
 from __future__ import annotations
 
@@ -63,6 +68,53 @@ def local_check(root: Path, device: str = "cuda") -> dict[str, Any]:
             "tokens_per_s": [r.get("perf/tokens_per_s") for r in rows],
             "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else 0.0,
             "summary": {k: v for k, v in summary.items() if isinstance(v, (int, float, str))}}
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def async_check(root: Path, device: str = "cuda", engines: tuple[str, ...] | None = None,
+                steps: int = 6) -> dict[str, Any]:
+    """The asynchronous local engine beside the synchronous one on the same tiny setup: `steps` GRPO steps each, as
+    `rlfactory train` runs them (a subprocess each, so the generator process and its engine start as for a user).
+    `engines`: the generators to try (default: hf, and vllm where it is importable)."""
+    from tiny_setup import build_tiny_setup
+
+    if engines is None:
+        engines = ("hf", "vllm") if importlib.util.find_spec("vllm") is not None else ("hf",)
+    path = build_tiny_setup(root / "async", hidden_size=64, num_layers=2)
+    runs: dict[str, Any] = {}
+    for name, sets in [("sync", ["trainer.max_staleness_steps=0"])] + [
+            (f"async_{e}", ["trainer.max_staleness_steps=1", f"rollout.engine={e}"]) for e in engines]:
+        out = root / "async" / name
+        cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(path), "--output-dir", str(out),
+               "--set", f"trainer.total_steps={steps}", "--set", f"trainer.device={device}",
+               "--set", "trainer.save_every_steps=0"]
+        for s in sets:
+            cmd += ["--set", s]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+        wall = time.perf_counter() - t0
+        metrics = out / "metrics.jsonl"
+        rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()] if metrics.exists() else []
+        run = {"ok": proc.returncode == 0 and len(rows) == steps, "exit": proc.returncode, "process_s": wall,
+               "steps": len(rows), "step_s_median": _median([r.get("perf/step_s") for r in rows[1:]]),
+               "reward_mean": [r.get("reward/mean") for r in rows]}
+        if name != "sync":
+            run.update(weight_push_s_median=_median([r.get("async/weight_push_s") for r in rows[1:]]),
+                       weight_load_s_median=_median([r.get("async/weight_load_s") for r in rows[1:]]),
+                       weight_loads=sum(r.get("async/weight_loads") or 0 for r in rows),
+                       staleness_token_max=max((r.get("async/staleness_token_max") or 0 for r in rows), default=None))
+        if proc.returncode != 0:
+            run["log_tail"] = (proc.stdout + proc.stderr)[-3000:]
+        runs[name] = run
+    sync_step = runs["sync"]["step_s_median"]
+    for name, run in runs.items():
+        if name != "sync" and run["step_s_median"] and sync_step:
+            run["step_ratio_to_sync"] = sync_step / run["step_s_median"]
+    return {"ok": all(r["ok"] for r in runs.values()), "engines": list(engines), "runs": runs}
 
 
 _VERL_METRIC = re.compile(r"step:(\d+) - (.*)")
@@ -125,6 +177,16 @@ def main() -> int:
         print(f"local engine: {local['steps']} GRPO steps in {local['wall_s']:.1f}s; step_s {local['step_s']}; "
               f"reward {local['reward_mean']}; tokens/s {local['tokens_per_s']}; "
               f"peak GPU memory {local['peak_gpu_mem_gb']:.2f} GiB")
+        result["async"] = asy = async_check(root)
+        for name, run in asy["runs"].items():
+            extra = (f"; sync/async step {run.get('step_ratio_to_sync', float('nan')):.2f}x, push "
+                     f"{run['weight_push_s_median']} s, load {run['weight_load_s_median']} s, "
+                     f"{run['weight_loads']} loads, staleness max {run['staleness_token_max']}"
+                     if name != "sync" else "")
+            print(f"{name}: exit {run['exit']}, {run['steps']} steps in {run['process_s']:.1f}s (command); step "
+                  f"{run['step_s_median']} s (median){extra}")
+            if run.get("log_tail"):
+                print(f"{name} log tail:\n" + run["log_tail"])
         if args.skip_verl:
             result["verl"] = {"ok": False, "skipped": "--skip-verl"}
         else:
@@ -138,7 +200,7 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    ok = result["local"]["ok"] and (result["verl"]["ok"] or "skipped" in result["verl"])
+    ok = result["local"]["ok"] and result["async"]["ok"] and (result["verl"]["ok"] or "skipped" in result["verl"])
     print("gpu-check:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 

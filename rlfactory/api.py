@@ -26,7 +26,7 @@ from rlfactory.errors import ConfigError
 from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
-from rlfactory.trainer.generator_launch import GeneratorLaunch
+from rlfactory.trainer.asynchronous.launch import GeneratorLaunch
 from rlfactory.trainer.resume_changes import check_resume
 from rlfactory.trainer.run_dir import clear_run_outputs, lock_run_folder, refuse_to_replace, remove_partial_saves
 
@@ -88,7 +88,7 @@ def _train(recipe: Recipe, *, resume: bool, progress: bool, dry_run: bool) -> di
         return train_local(recipe, resume=resume, progress=progress)
     launch = GeneratorLaunch.start(recipe)
     try:
-        from rlfactory.trainer.async_loop import train_async
+        from rlfactory.trainer.asynchronous.loop import train_async
     except BaseException:
         launch.stop()
         raise

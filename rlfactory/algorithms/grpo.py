@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn, kl_penalty
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from rlfactory.algorithms.token_logprobs import chunked_token_logprobs, dense_token_logprobs, split_lm_head
 from rlfactory.models.precision import autocast
 from rlfactory.recipe.training import AlgorithmConfig
 from rlfactory.reward import token_level_rewards
@@ -141,6 +141,13 @@ SHARE_MIN_TOKENS = 64
 """`response_logprobs(share_prompts=True)` splits the pass in two only when that skips at least this many prompt
 tokens (a second forward call costs more than a few tokens)."""
 
+DENSE_MAX_LOGITS = 1 << 24
+"""`response_logprobs` makes the whole [N, T, V] logits (one LM-head matmul, autograd's log-softmax) when N*T*V is
+at most this (64 MiB of float32 a copy), and otherwise works a chunk of tokens at a time (algorithms/token_logprobs.py).
+Below it little memory is at stake and chunks are no faster: they recompute the head's matmul in the backward pass,
+which wide heads pay for. Benchmarks and tests set it to infinity for the dense path everywhere, or 0 for the chunked
+one (bench/README.md, "Memory of the update")."""
+
 
 def response_logprobs(
     model: Any, batch: GRPOBatch, *, temperature: float = 1.0, with_entropy: bool = False,
@@ -150,33 +157,45 @@ def response_logprobs(
     (rlfactory/rollout/hf_sampling.py). Returns ([N, T], [N, T] or None). The entropy carries gradient only with
     `entropy_grad` (an entropy bonus); as a metric it is computed on detached logits to save memory.
 
+    Above `DENSE_MAX_LOGITS` logits the LM head runs on the final hidden states a chunk of tokens at a time, in the
+    backward pass too (`token_logprobs.chunked_token_logprobs`): the peak holds one chunk's logits, not [N, T, V].
+
     `share_prompts`: rows with the same prompt (a GRPO group's samples) run the prompt through the model once; its
-    keys/values are then shared by every row's response pass (`_shared_prompt_logits`). The result is the same
+    keys/values are then shared by every row's response pass (`_shared_prompt_states`). The result is the same
     function of the weights, gradients included, up to float summation order."""
     t_len = batch.responses.shape[1]
+    split = split_lm_head(model)
+    if split is not None and len(batch) * t_len * split[1].out_features <= DENSE_MAX_LOGITS:
+        split = None
     with autocast(model):  # model.compute_dtype (models/precision.py); nothing by default
-        logits = _shared_prompt_logits(model, batch) if share_prompts else None
+        if split is not None:
+            decoder, head = split
+            hidden = _shared_prompt_states(model, batch, decoder) if share_prompts else None
+            if hidden is None:
+                out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              position_ids=batch.position_ids, use_cache=False)
+                hidden = out.last_hidden_state[:, -(t_len + 1):-1, :]  # [N, T, H]: position k predicts token k+1
+            return chunked_token_logprobs(hidden, head, batch.responses, temperature=temperature,
+                                          with_entropy=with_entropy, entropy_grad=entropy_grad)
+        logits = _shared_prompt_states(model, batch) if share_prompts else None
         if logits is None:
             # Only the last T+1 positions' logits are needed (position k predicts token k+1): skipping the LM head
             # over the prompt saves memory that grows with prompt length x vocabulary (151k rows for Qwen3).
             out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                         position_ids=batch.position_ids, use_cache=False, logits_to_keep=t_len + 1)
-            logits = out.logits[:, -(t_len + 1):-1, :]
-    logits = logits.float()  # [N, T, V]
-    if temperature > 0:
-        logits = logits / temperature
-    logp = logprobs_from_logits(logits, batch.responses)  # [N, T]
-    entropy = None
-    if with_entropy:
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # [N, T]
-    return logp, entropy
+            logits = out.logits[:, -(t_len + 1):-1, :]  # [N, T, V]
+    return dense_token_logprobs(logits, batch.responses, temperature=temperature, with_entropy=with_entropy,
+                                entropy_grad=entropy_grad)
 
 
 def prompt_groups(batch: GRPOBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct prompts of `batch`: (first row holding each [G], row -> its prompt's index [N])."""
     prompts = batch.input_ids[:, :batch.prompt_len]  # left-padded: equal prompts are equal rows
-    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     n = len(batch)
+    if batch.prompt_len == 0:  # no row has a prompt (episodes that never opened): one empty prompt for all
+        inverse = torch.zeros(n, dtype=torch.long, device=prompts.device)  # (torch.unique refuses a 0-wide dim)
+    else:
+        _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, torch.arange(n, device=inverse.device), reduce="amin")
     order = torch.argsort(first)  # prompts in the order of their first row
@@ -185,28 +204,35 @@ def prompt_groups(batch: GRPOBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return first[order], rank[inverse]
 
 
-def _shared_prompt_logits(model: Any, batch: GRPOBatch) -> torch.Tensor | None:
-    """Response-position logits [N, T, V] from one pass over the distinct prompts ([G, P], keeping its KV cache)
-    and one over all responses ([N, T-1], attending to the prompt keys/values gathered per row). Gathering is an
-    index_select, so the backward pass sums each prompt's gradient over the rows that share it. None when sharing
-    would skip too little, or the model cannot return a cache while training (gradient checkpointing)."""
+def _shared_prompt_states(model: Any, batch: GRPOBatch, decoder: Any = None) -> torch.Tensor | None:
+    """Response-position logits [N, T, V] (or, given the model's `decoder` from `split_lm_head`, its final hidden
+    states [N, T, H]) from one pass over the distinct prompts ([G, P], keeping its KV cache) and one over all
+    responses ([N, T-1], attending to the prompt keys/values gathered per row). Gathering is an index_select, so the
+    backward pass sums each prompt's gradient over the rows that share it. None when sharing would skip too little,
+    or the model cannot return a cache while training (gradient checkpointing)."""
     p, t_len, n = batch.prompt_len, batch.responses.shape[1], len(batch)
     if getattr(model, "is_gradient_checkpointing", False) and model.training:
         return None
     first, inverse = prompt_groups(batch)
     if (n - len(first)) * p < SHARE_MIN_TOKENS:
         return None
-    out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
-                position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
-    head = out.logits[:, -1:, :].index_select(0, inverse)  # [N, 1, V]: predicts response token 0
+    run = model if decoder is None else decoder
+    keep = {"logits_to_keep": 1} if decoder is None else {}
+
+    def states(out: Any) -> torch.Tensor:
+        return out.logits if decoder is None else out.last_hidden_state
+
+    out = run(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
+              position_ids=batch.position_ids[first, :p], use_cache=True, **keep)
+    head = states(out)[:, -1:, :].index_select(0, inverse)  # [N, 1, V or H]: predicts response token 0
     if t_len == 1:
         return head
     cache = DynamicCache(config=getattr(model, "config", None))
     for i, layer in enumerate(out.past_key_values.layers):
         cache.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), i)
-    rest = model(input_ids=batch.input_ids[:, p:p + t_len - 1], attention_mask=batch.attention_mask[:, :p + t_len - 1],
-                 position_ids=batch.position_ids[:, p:p + t_len - 1], past_key_values=cache, use_cache=True)
-    return torch.cat([head, rest.logits], dim=1)  # [N, T, V]
+    rest = run(input_ids=batch.input_ids[:, p:p + t_len - 1], attention_mask=batch.attention_mask[:, :p + t_len - 1],
+               position_ids=batch.position_ids[:, p:p + t_len - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([head, states(rest)], dim=1)  # [N, T, V or H]
 
 
 def actor_config(algorithm: AlgorithmConfig, *, samples_per_prompt: int, mini_batch_prompts: int) -> Any:

@@ -2,7 +2,7 @@
 
 Runs the recipe's policy, tools and rewards on the first N tasks exactly as a training step would (same AgentLoop,
 same engine, same reward functions), writes one Trajectory per JSONL line, and optionally the HTML transcript viewer.
-The stack is built by `rlfactory.trainer.wiring` (shared with training); this module only drives it.
+The stack is built by `rlfactory.rollout_side` (shared with training); this module only drives it.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ async def _run(r: Recipe, tasks_path: Path, out: Path, html: Path | None, *, lim
     from rlfactory.models.loading import load_policy, load_tokenizer
     from rlfactory.report.viewer import write_html
     from rlfactory.rollout.horizon import horizon_for_step
-    from rlfactory.trainer.wiring import open_rollout_side
+    from rlfactory.rollout_side import open_rollout_side
 
     torch.set_num_threads(r.trainer.torch_threads)
     tasks = load_tasks(tasks_path, r.data, limit=limit)

@@ -8,6 +8,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+REMOVED = {
+    "trainer.update_on_generator": "removed: the generator process no longer takes jobs of the trainer's update (it "
+    "measured within the run-to-run spread, bench/README.md); drop the key (nothing replaces it)",
+}
+"""Recipe fields that existed once: the error names what replaces them."""
+
 
 def summary_line(problems: list[str]) -> str:
     """The head line of an error carrying several problems."""
@@ -25,6 +31,8 @@ def describe_error(err: dict[str, Any], root: type[BaseModel]) -> str:
     where = ".".join(loc) or "(top level)"
     kind = err.get("type", "")
     if kind == "extra_forbidden":
+        if where in REMOVED:
+            return f"{where}: {REMOVED[where]}"
         known = fields_at(root, loc[:-1])
         hint = ""
         if known:

@@ -50,6 +50,9 @@ HorizonConfig = Annotated[Union[FixedHorizon, ScalingInterHorizon], Field(discri
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: `hf` (transformers, CPU or one GPU) or `vllm` (needs the gpu or cpu-vllm extra)."""
+    vllm_gpu_memory_utilization: float = Field(0.4, gt=0.0, le=1.0)
+    """`vllm` engine of a local run on a GPU: the share of the GPU's memory vLLM takes for its weights and KV cache
+    (the trainer shares the GPU and uses the rest)."""
     prefix_cache: bool = True
     """`hf` engine: run a group's shared prompt through the model once, and keep each finished turn's keys/values
     so the conversation's next turn prefills only the tool response (the same maths up to float summation order;

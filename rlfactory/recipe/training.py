@@ -250,16 +250,11 @@ class TrainerConfig(Section):
     max_staleness_steps: int = Field(0, ge=0)
     """Asynchronous training: 0 = synchronous (generate, then update); k >= 1 = generation runs ahead while the
     policy updates, and a batch may hold tokens from policies up to k versions old. engine local: a generator
-    process beside the trainer (rlfactory/trainer/async_loop.py); engine verl: 0 or 1 (verl's one-step off-policy
+    process beside the trainer (rlfactory/trainer/asynchronous/); engine verl: 0 or 1 (verl's one-step off-policy
     `colocate_async` trainer)."""
     split_cores: bool = True
     """Asynchronous local runs: pin the trainer to the first half of the CPUs and the generator's decoding thread to
     the other half (the generator's event loop and tool servers are not pinned)."""
-    update_on_generator: bool = True
-    """Asynchronous local runs on CPU with `split_cores`: the generator's decoding thread, once it has generated
-    all the staleness bound allows and waits for the next push, takes micro-batches of the trainer's
-    forward/backward (the same gradient, computed on the idle core; trainer/update_jobs.py). Steps built as groups
-    arrive only (one mini-batch and one epoch per step, no masking), without a KL reference."""
     stale_groups: Literal["drop", "wait"] = "drop"
     """Asynchronous local runs: what happens to a GRPO group that would break the bound. `drop`: finished groups are
     trained oldest first and one whose oldest token is more than k versions old is dropped (counted in

@@ -37,7 +37,7 @@ from rlfactory.recipe.schema import Recipe
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
 from rlfactory.rollout.horizon import horizon_for_step
-from rlfactory.trainer.wiring import close_tool_side, start_tool_side
+from rlfactory.rollout_side import close_tool_side, start_tool_side
 from rlfactory.verl.records import RolloutRecorder
 from rlfactory.verl.reward import score_fields
 

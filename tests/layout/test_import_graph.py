@@ -1,7 +1,7 @@
 """The package's import graph, read from the source (every import, also those inside functions): no module takes
 part in an import cycle, and no folder imports one that comes later in the data path. The order is the README's
-architecture section: recipe -> data -> models -> tools -> envs -> rollout -> reward -> algorithms -> report ->
-serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
+architecture section: recipe -> data -> models -> tools -> envs -> rollout -> reward -> rollout_side -> algorithms ->
+report -> serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
 from __future__ import annotations
 
 import ast
@@ -22,6 +22,7 @@ LAYERS = [
     ["rlfactory.envs"],
     ["rlfactory.rollout"],
     ["rlfactory.reward", "rlfactory.rewards"],
+    ["rlfactory.rollout_side"],
     ["rlfactory.algorithms"],
     ["rlfactory.report"],
     ["rlfactory.serve"],

@@ -47,7 +47,7 @@ from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.manager import ToolManager
-from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 N_TRAJECTORIES = int(os.environ.get("RLFACTORY_TOKEN_EXACT_N", "1000"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + int(0.9 * N_TRAJECTORIES))]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory.trainer.loop import NON_DETERMINISTIC_PREFIXES
+from rlfactory.trainer.run import NON_DETERMINISTIC_PREFIXES
 
 
 def rows_of(run: Path) -> list[dict]:

@@ -38,3 +38,12 @@ def test_verl_half_command_passes_verls_config_checks(tmp_path):
     text = config.read_text()
     # the overrides the check passes reached verl's config
     assert "gpu_memory_utilization: 0.3" in text and "total_training_steps: 2" in text
+
+
+def test_asynchronous_half_runs_sync_and_async_and_reports_the_push(tmp_path):
+    result = _gpu_check().async_check(tmp_path, device="cpu", engines=("hf",), steps=3)
+    assert result["ok"], {k: v.get("log_tail") for k, v in result["runs"].items()}
+    sync, asy = result["runs"]["sync"], result["runs"]["async_hf"]
+    assert sync["steps"] == asy["steps"] == 3
+    assert asy["weight_loads"] >= 1 and asy["staleness_token_max"] <= 1 and asy["weight_push_s_median"] > 0
+    assert math.isfinite(asy["step_ratio_to_sync"]) and asy["step_ratio_to_sync"] > 0

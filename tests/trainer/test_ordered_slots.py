@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rlfactory.trainer.ordered_slots import OrderedSlots
+from rlfactory.trainer.asynchronous.ordered_slots import OrderedSlots
 
 
 async def test_waiters_get_slots_lowest_key_first_and_never_more_than_n():

@@ -1,4 +1,4 @@
-"""`rollout.stop_at_tool_call_end` through the rollout side a run builds (trainer/wiring.py): with the BabyAI learning
+"""`rollout.stop_at_tool_call_end` through the rollout side a run builds (rlfactory/rollout_side.py): with the BabyAI learning
 recipe, its shipped warm start and the real BabyAI MCP server, every assistant turn that calls a tool ends at its
 `</tool_call>` token (a policy token), and the `<|im_end|>` after it belongs to the tool response (not trained on)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from rlfactory.data.tasks import load_tasks
 from rlfactory.models.loading import load_policy, load_tokenizer
 from rlfactory.recipe.schema import Recipe
-from rlfactory.trainer.wiring import open_rollout_side
+from rlfactory.rollout_side import open_rollout_side
 
 REPO = Path(__file__).resolve().parents[2]
 

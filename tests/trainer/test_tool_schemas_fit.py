@@ -1,7 +1,7 @@
 """Tool schemas that alone fill `rollout.max_context_tokens` (a 2,000-tool server beside the TextCraft environment):
 `rlfactory train` refuses before any rollout, with the sizes, the servers with the most tool tokens and the fix.
 Without the check every trajectory ended at context_length with no token and the run "succeeded" at reward 0. (The
-check sits where the tool side starts, `trainer/wiring.start_tool_side`, which the asynchronous generator and
+check sits where the tool side starts, `rollout_side.start_tool_side`, which the asynchronous generator and
 verl's workers use too.)"""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 
 def _model(seed: int) -> torch.nn.Module:

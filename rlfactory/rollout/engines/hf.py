@@ -9,7 +9,7 @@ When idle, the first request waits `batch_wait_ms` for company before its prefil
 Weights: `update_weights(state_dict)` copies new weights in between steps. When the engine shares the trainer's
 model object (the local trainer), the optimizer already updated those tensors in place and the call is a no-op;
 the trainer must then not step the optimizer while a rollout is generating. With a `weight_source` (the shared
-weights of an asynchronous run, rlfactory/trainer/weight_push.py) the worker loads a newer published version before
+weights of an asynchronous run, followed with `follow_weights`) the worker loads a newer published version before
 each step, so requests in flight continue under the new weights (their KV cache from the old ones is kept). Every
 sampled token is stamped with `policy_version`, the version of the weights that sampled it.
 Prefix cache (`prefix_cache=True`): requests prefilled together with the same prompt (a GRPO group's samples) run
@@ -50,12 +50,10 @@ from rlfactory.rollout.engines.hf_request import (
     resolve_many,
 )
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
-from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
+from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams, WeightSource
 
 logger = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.002
-"""With an `idle_task`: how long the idle decoding thread waits for a request before asking it again."""
 
 COMPACT_MIN_ROWS = 4
 """Finished rows stay in the running batch until at least this many (and a quarter of the live ones) have gathered:
@@ -77,12 +75,12 @@ class HFEngine:
         device: Any = None,
         tokenizer: Any = None,
         max_prefill_tokens: int = 32_768,
-        weight_source: Any = None,
+        weight_source: WeightSource | None = None,
         prefix_cache: bool = False,
         prefix_cache_tokens: int = 32_768,
     ):
         """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill.
-        `weight_source`: a `SharedWeights` to load newer pushed versions from between steps.
+        `weight_source`: pushed weights to load newer versions from between steps (as `follow_weights` sets).
         `prefix_cache`: share identical prompts within a prefill and park finished requests' keys/values (at most
         `prefix_cache_tokens` tokens) for their conversations' next turns.
 
@@ -108,10 +106,6 @@ class HFEngine:
         """The version of the weights now loaded (set by the trainer, or loaded from `weight_source`)."""
         self.worker_cpus: set[int] | None = None
         """CPUs for the decoding thread alone (set before the first request; None = the caller's)."""
-        self.idle_task: Any = None
-        """Called on the decoding thread while no request waits or runs (polled every IDLE_POLL_S): runs one short
-        piece of other work and returns True, or returns False when it has none (the generator's share of the
-        trainer's update, trainer/update_helper.py)."""
         self.weight_source = weight_source
         self.weight_loads = 0
         self.weight_load_s = 0.0
@@ -166,7 +160,7 @@ class HFEngine:
         """Load new weights between decode steps (a no-op when `state_dict` holds this model's own tensors)."""
         await asyncio.to_thread(self._load_weights, state_dict)
 
-    async def follow_weights(self, source: Any) -> None:
+    async def follow_weights(self, source: WeightSource) -> None:
         """The weight-push contract (`protocol.FollowsWeights`): load `source`'s current version now, then each newer
         one before a step."""
         self.weight_source = source
@@ -231,17 +225,6 @@ class HFEngine:
         batch = BatchKV(self.pad_token_id)
         rows: list[Request | None] = []  # the batch's rows in order; None = finished, not yet compacted away
         while True:
-            if self.idle_task is not None and not rows and not self._pending and not self._closed:
-                try:
-                    did = self.idle_task()
-                except Exception:  # the decoding thread must live on: the task is dropped, requests still served
-                    logger.exception("HF engine: the idle task failed; it will not run again")
-                    self.idle_task, did = None, False
-                if not did:
-                    with self._cond:
-                        if not self._pending and not self._closed:
-                            self._cond.wait(IDLE_POLL_S)
-                continue
             with self._cond:
                 while not self._pending and not rows and not self._closed:
                     self._cond.wait()

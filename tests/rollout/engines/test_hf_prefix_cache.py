@@ -11,7 +11,7 @@ import torch
 from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import SamplingParams
-from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 PAD = 151643
 PROMPTS = [list(range(1000, 1037)), [151644, 872, 198, 3838, 374, 220, 16, 10, 17, 30, 151645, 198, 151644, 77091],

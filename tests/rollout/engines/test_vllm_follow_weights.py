@@ -22,7 +22,7 @@ from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import FollowsWeights, SamplingParams
 from rlfactory.rollout.engines.vllm import PUSH_STAGES, VLLMEngine
 from rlfactory.rollout.engines.vllm_push import RequestStream
-from rlfactory.trainer.weight_push import SharedWeights
+from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="vllm is not importable: pip install 'rlfactory[cpu-vllm]' "

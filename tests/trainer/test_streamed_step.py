@@ -1,5 +1,5 @@
-"""An asynchronous step built group by group as groups arrive (trainer/streamed_update.py) takes the same optimizer
-step as the whole-batch update (`GRPOUpdate._update`), and reports the same metrics."""
+"""An asynchronous step built group by group as groups arrive (trainer/asynchronous/streamed.py) takes the same
+optimizer step as the whole-batch update (`Update.whole_batch`), and reports the same metrics."""
 from __future__ import annotations
 
 import copy
@@ -13,25 +13,23 @@ from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.recipe.training import AlgorithmConfig, OffPolicyConfig
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.trainer.streamed_update import StreamedStep, streams
-from rlfactory.trainer.update import GRPOUpdate
+from rlfactory.trainer.asynchronous.streamed import StreamedStep, streams
+from rlfactory.trainer.policy import Policy
+from rlfactory.trainer.update import Update
 
 VOCAB = 300
 
 
-class Host(GRPOUpdate):
-    """What GRPOUpdate needs of its trainer, around a tiny random Qwen3."""
-
-    def __init__(self, model: torch.nn.Module, algorithm: AlgorithmConfig):
-        self.recipe = SimpleNamespace(algorithm=algorithm, rollout=RolloutConfig())
-        self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.SGD(self.params, lr=1.0)  # the parameters move by the (clipped) gradient
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
-        self.ref_model = None
-        self.actor_cfg = actor_config(algorithm, samples_per_prompt=4, mini_batch_prompts=4)
-        self.tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1)
-        self.device = torch.device("cpu")
+def Host(model: torch.nn.Module, algorithm: AlgorithmConfig) -> Update:  # noqa: N802 - reads as the type it makes
+    """The update over a tiny random Qwen3, with SGD so the parameters move by the (clipped) gradient."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=1.0)
+    policy = Policy(recipe=SimpleNamespace(algorithm=algorithm, rollout=RolloutConfig()), model=model,
+                    tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=1), device=torch.device("cpu"),
+                    params=params, optimizer=optimizer,
+                    scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), reference=None,
+                    actor_cfg=actor_config(algorithm, samples_per_prompt=4, mini_batch_prompts=4))
+    return Update(policy)
 
 
 def _groups(seed: int = 0) -> list[list[Trajectory]]:
@@ -64,21 +62,21 @@ def test_group_by_group_takes_the_whole_batch_step(mode):
     groups = _groups()
     flat = [t for grp in groups for t in grp]
 
-    m_whole = whole._update(flat, algorithm.off_policy)
+    m_whole = whole.whole_batch(flat, algorithm.off_policy)
     step = StreamedStep(streamed, algorithm.off_policy)
     for arrival in ([groups[2]], [groups[0], groups[3]], [groups[1]]):  # out of order, in uneven batches
         step.add([t for grp in arrival for t in grp])
     m_streamed = step.finish()
 
-    moved = max(float((p - q).detach().abs().max()) for p, q in zip(whole.params, base.parameters()))
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(whole.policy.params, base.parameters()))
     assert moved > 1e-4  # the step did something
-    for p, q in zip(whole.params, streamed.params):
+    for p, q in zip(whole.policy.params, streamed.policy.params):
         assert torch.allclose(p, q, atol=1e-6, rtol=1e-5)
     assert set(m_whole) == set(m_streamed)
     for k in m_whole:
         assert m_streamed[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-6), k
     assert m_whole["off_policy/tokens_clipped"] > 0 and m_whole["rollout/groups_all_same_reward"] == 1.0
-    assert all(p.grad is None for p in streamed.params)  # nothing is left for the next step
+    assert all(p.grad is None for p in streamed.policy.params)  # nothing is left for the next step
 
 
 def test_a_step_with_no_signal_still_steps_and_infra_failures_stay_out():
@@ -89,14 +87,14 @@ def test_a_step_with_no_signal_still_steps_and_infra_failures_stay_out():
     groups[0][1] = groups[0][1].model_copy(update={"finish_reason": "error"})
     assert groups[0][1].infra_failed
     flat = [t for grp in groups for t in grp]
-    m_whole = whole._update(flat, algorithm.off_policy)
+    m_whole = whole.whole_batch(flat, algorithm.off_policy)
     step = StreamedStep(streamed, algorithm.off_policy)
     for grp in groups:
         step.add(grp)
     m_streamed = step.finish()
     assert m_streamed["rollout/trained_on_infra_failures"] == m_whole["rollout/trained_on_infra_failures"] == 0
     assert m_streamed["rollout/trained_tokens"] == m_whole["rollout/trained_tokens"]
-    for p, q in zip(whole.params, streamed.params):
+    for p, q in zip(whole.policy.params, streamed.policy.params):
         assert torch.allclose(p, q, atol=1e-6, rtol=1e-5)
 
     nothing = Host(copy.deepcopy(base), algorithm)

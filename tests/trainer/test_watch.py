@@ -15,6 +15,8 @@ import pytest
 from env_outage import REPO, TRACEBACK, TrainRun
 from test_train_async import SMALL, processes_with, wait_gone
 
+from rlfactory.trainer.asynchronous.messages import Pulse
+
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -51,21 +53,20 @@ class Clock:
         return self.now
 
 
-def pulse(clock: Clock, *, progress: tuple = (0, 0, 0, 0, 0, 0), tool_calls: int = 0, groups: int = 2,
-          gated: bool = False) -> dict:
-    return {"pid": 42, "sent": clock.now, "groups": groups, "tool_calls": tool_calls, "gated": gated, "version": 3,
-            "progress": progress, "progress_names": ("decode steps", "prefills", "tool results", "groups",
-                                                     "update-job s", "weight loads")}
+def pulse(clock: Clock, *, progress: tuple = (0, 0, 0, 0, 0), tool_calls: int = 0, groups: int = 2,
+          gated: bool = False) -> Pulse:
+    return Pulse(pid=42, sent=clock.now, groups=groups, tool_calls=tool_calls, gated=gated, version=3,
+                 progress=progress)
 
 
 def test_silence_ends_the_wait_and_the_log_says_what_it_waited_for(caplog):
-    from rlfactory.trainer.generator_watch import GeneratorStalled, GeneratorWatch
+    from rlfactory.trainer.asynchronous.watch import GeneratorStalled, GeneratorWatch
 
     clock = Clock()
     watch = GeneratorWatch(42, log_every_s=30, stall_s=300, clock=clock)
     watch.heard("pulse", pulse(clock, tool_calls=1))
     watch.begin()
-    with caplog.at_level(logging.WARNING, logger="rlfactory.trainer.generator_watch"):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.trainer.asynchronous.watch"):
         clock.now += 31
         watch.check("the groups of step 5 (1 of 4 here)")
         clock.now += 300
@@ -79,7 +80,7 @@ def test_silence_ends_the_wait_and_the_log_says_what_it_waited_for(caplog):
 
 
 def test_progress_or_a_tool_call_in_flight_keeps_a_long_wait_going(caplog):
-    from rlfactory.trainer.generator_watch import GeneratorStalled, GeneratorWatch
+    from rlfactory.trainer.asynchronous.watch import GeneratorStalled, GeneratorWatch
 
     clock = Clock()
     watch = GeneratorWatch(42, log_every_s=60, stall_s=100, clock=clock)
@@ -87,30 +88,30 @@ def test_progress_or_a_tool_call_in_flight_keeps_a_long_wait_going(caplog):
     clock.now += 500  # the trainer's own long update: the generator, gated meanwhile, still pulses
     watch.heard("pulse", pulse(clock, gated=True, groups=0))
     watch.begin()
-    with caplog.at_level(logging.WARNING, logger="rlfactory.trainer.generator_watch"):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.trainer.asynchronous.watch"):
         for i in range(1, 10):  # 450 s of a long step: decode steps keep coming
             clock.now += 50
-            watch.heard("pulse", pulse(clock, progress=(i * 100, 1, 0, 0, 0, 0)))
+            watch.heard("pulse", pulse(clock, progress=(i * 100, 1, 0, 0, 0)))
             watch.check("the 4 groups of step 2")
         assert any("decode steps +" in r.getMessage() for r in caplog.records)
         for _ in range(4):  # a tool call in flight for 200 s: its own timeout bounds it
             clock.now += 50
-            watch.heard("pulse", pulse(clock, progress=(900, 1, 0, 0, 0, 0), tool_calls=1))
+            watch.heard("pulse", pulse(clock, progress=(900, 1, 0, 0, 0), tool_calls=1))
             watch.check("the 4 groups of step 2")
         clock.now += 50
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
         watch.check("the 4 groups of step 2")
         clock.now += 60  # alive, but nothing moves and nothing is in flight
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
         watch.check("the 4 groups of step 2")
         clock.now += 60
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
         with pytest.raises(GeneratorStalled, match=r"has made no progress for 120 s"):
             watch.check("the 4 groups of step 2")
 
 
 def test_a_group_is_progress():
-    from rlfactory.trainer.generator_watch import GeneratorWatch
+    from rlfactory.trainer.asynchronous.watch import GeneratorWatch
 
     clock = Clock()
     watch = GeneratorWatch(42, log_every_s=10, stall_s=100, clock=clock)

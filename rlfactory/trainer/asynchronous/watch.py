@@ -1,11 +1,11 @@
 """The asynchronous trainer's watchdog over its generator process: what a step waits for, said at intervals, and a
 clear error when the generator stalls.
 
-The generator sends a pulse on its results queue every `PULSE_S` (generator.py): its pid, when it was sent (on
+The generator sends a pulse (`messages.Pulse`) on its results queue every `PULSE_S`: its pid, when it was sent (on
 CLOCK_MONOTONIC, which every process of the machine shares), what it is doing (groups and tool calls in flight,
 whether the staleness bound holds it back, the policy version it has) and its progress counters (decode steps,
-prefills, tool results, groups finished, update-job seconds, weight loads). Every message is a sign of life; a
-group, a dropped group, an update part, or a pulse whose counters moved, is progress.
+prefills, tool results, groups finished, weight loads). Every message is a sign of life; a group, a dropped group,
+or a pulse whose counters moved, is progress.
 
 While a step waits on the generator (`check`), this logs every `trainer.generator_watchdog_s` what the step waits
 for, how long it has, and what the generator last did; and it raises `GeneratorStalled` when, for
@@ -15,7 +15,7 @@ so one in flight is progress on its way). The trainer's own work does not count 
 is measured from the start of the step's wait, so a long update never looks like a stall, nor does a long step
 whose generator keeps generating.
 
-Left out: a generator that exits (the loop sees its process end, async_loop.py); start-up (its own timeout).
+Left out: a generator that exits (the loop sees its process end, loop.py); start-up (its own timeout).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.trainer.asynchronous.messages import PROGRESS_NAMES, Pulse
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +36,17 @@ class GeneratorStalled(RLFactoryError):
     """The generator process was silent, or made no progress, for `trainer.generator_stall_timeout_s`."""
 
 
-def doing(pulse: dict[str, Any] | None) -> str:
+def doing(pulse: Pulse | None) -> str:
     """What a pulse says the generator was doing, in words."""
     if pulse is None:
         return "nothing reported yet"
     parts = []
-    if pulse["groups"]:
-        parts.append(f"generating {pulse['groups']} group(s)")
-    if pulse["tool_calls"]:
-        parts.append(f"{pulse['tool_calls']} tool call(s) in flight")
-    if pulse["gated"]:
-        parts.append(f"held back by the staleness bound at policy version {pulse['version']}")
+    if pulse.groups:
+        parts.append(f"generating {pulse.groups} group(s)")
+    if pulse.tool_calls:
+        parts.append(f"{pulse.tool_calls} tool call(s) in flight")
+    if pulse.gated:
+        parts.append(f"held back by the staleness bound at policy version {pulse.version}")
     return ", ".join(parts) or "idle, with nothing in flight"
 
 
@@ -58,28 +59,28 @@ class GeneratorWatch:
         self.pid, self.log_every_s, self.stall_s, self.clock = pid, log_every_s, stall_s, clock
         now = clock()
         self.last_heard = self.last_progress = now
-        self.pulse: dict[str, Any] | None = None
+        self.pulse: Pulse | None = None
         self._began = now
         self._next_log = now + log_every_s
         self._logged_counters: tuple[float, ...] | None = None
 
     def heard(self, kind: str, body: Any) -> None:
         now = self.clock()
-        if kind != "pulse":  # a group, a dropped group, an update part: progress
+        if kind != "pulse":  # a group, a dropped group: progress
             self.last_heard = self.last_progress = now
             return
-        sent = min(float(body["sent"]), now)
+        sent = min(float(body.sent), now)
         self.last_heard = max(self.last_heard, sent)
-        if self.pulse is not None and tuple(body["progress"]) != tuple(self.pulse["progress"]):
+        if self.pulse is not None and tuple(body.progress) != tuple(self.pulse.progress):
             self.last_progress = max(self.last_progress, sent)
-        if self.pulse is None or sent >= self.pulse["sent"]:
+        if self.pulse is None or sent >= self.pulse.sent:
             self.pulse = body
 
     def begin(self) -> None:
         """A step starts waiting on the generator."""
         self._began = self.clock()
         self._next_log = self._began + self.log_every_s
-        self._logged_counters = tuple(self.pulse["progress"]) if self.pulse else None
+        self._logged_counters = tuple(self.pulse.progress) if self.pulse else None
 
     def check(self, waiting_for: str) -> None:
         """While waiting for `waiting_for` (words, e.g. "the groups of step 3 (1 of 4 here)"): log at intervals;
@@ -88,7 +89,7 @@ class GeneratorWatch:
         silent = now - self.last_heard
         still = now - max(self.last_progress, self._began)
         pid = f"pid {self.pid}" if self.pid is not None else "pid unknown"
-        if silent >= self.stall_s or (still >= self.stall_s and not (self.pulse and self.pulse["tool_calls"])):
+        if silent >= self.stall_s or (still >= self.stall_s and not (self.pulse and self.pulse.tool_calls)):
             what = (f"has not been heard from for {silent:.0f} s" if silent >= self.stall_s
                     else f"has made no progress for {still:.0f} s (no token generated, no tool result, no group or "
                          f"update job finished, no tool call in flight)")
@@ -113,10 +114,9 @@ class GeneratorWatch:
     def _progress_since_log(self) -> str:
         if self.pulse is None:
             return ""
-        now = tuple(self.pulse["progress"])
+        now = tuple(self.pulse.progress)
         before, self._logged_counters = self._logged_counters, now
         if before is None or len(before) != len(now):
             return ""
-        names = self.pulse.get("progress_names") or [f"counter {i}" for i in range(len(now))]
-        moved = [f"{name} +{b - a:g}" for name, a, b in zip(names, before, now) if b != a]
+        moved = [f"{name} +{b - a:g}" for name, a, b in zip(PROGRESS_NAMES, before, now) if b != a]
         return f"; since the last line: {', '.join(moved) if moved else 'no progress'}"

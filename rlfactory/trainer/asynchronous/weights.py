@@ -1,15 +1,16 @@
 """`SharedWeights`: the policy's trainable weights in shared memory, the channel from the trainer to the generator
-process of an asynchronous run (`trainer.max_staleness_steps >= 1`).
+process of an asynchronous run (`trainer.max_staleness_steps >= 1`), and the `WeightSource` its engine follows
+(rollout/engines/protocol.py).
 
     trainer: optimizer step -> publish(model, version)   (copy params into the shared buffers, then the version)
-    generator (HF engine, between two decode steps): load_into(model) when version > the one it holds
+    generator's engine, between two decode steps: load_into(model) (HF) or read() (vLLM) when version > its own
 
 Only parameters that train are pushed (all of them for full fine-tuning, the adapter for LoRA); both sides load
 the same recipe, so names and shapes match. One lock makes a push and a load exclusive, so a load never sees half
-of a push; both are plain memory copies (the quickstart's 3.3 M parameters take ~2 ms). The buffers are torch
-tensors in shared memory, so they travel to a spawned process as handles, not copies; the lock cannot travel in a
-message, so the generator process gets its own handle to it at spawn and attaches it (`with_lock`).
-Left out: pushes to vLLM (the verl engine has its own weight sync), GPU-to-GPU transfers.
+of a push; both are plain memory copies. The buffers are torch tensors in shared memory, so they travel to a spawned
+process as handles, not copies; the lock cannot travel in a message, so the generator process gets its own handle to
+it at spawn (`Channels.weights_lock`) and attaches it (`with_lock`).
+Left out: verl's weight sync (its own), GPU-to-GPU transfers.
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""`Channels`: everything the trainer and its generator process share, in one typed object made by the trainer
+before the spawn and handed to the generator whole (locks and pipes reach a spawned process only as arguments of
+the spawn).
+
+    results        generator -> trainer   ("ready" | "group" | "dropped" | "pulse" | "error", record): messages.py
+    setup          trainer -> generator   the Setup, once the run folder is ready (a pipe: a record that cannot
+                                          travel fails in the sender, loudly)
+    wake           trainer -> generator   a byte after each weight push: the generator's event loop wakes at once
+    stop           trainer -> generator   shut down (close the tool servers, exit)
+    weights_lock                          makes a push and a load of SharedWeights exclusive
+    released                              groups the trainer let go (dropped, or skipped in an outage): they free
+                                          their places under the staleness bound (staleness.py)
+
+Left out: what travels on them (messages.py), the weights themselves (weights.py, shared memory).
+"""
+from __future__ import annotations
+
+import contextlib
+import queue as queue_mod
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext
+from typing import Any
+
+from rlfactory.trainer.asynchronous.messages import Message
+
+
+@dataclass
+class Channels:
+    results: Any
+    """A `multiprocessing.Queue` of `messages.Message`."""
+    stop: Any
+    """A `multiprocessing.Event`."""
+    setup_recv: Connection
+    setup_send: Connection
+    wake_recv: Connection
+    wake_send: Connection
+    weights_lock: Any
+    released: Any
+    """A `multiprocessing.Value("q")`: groups the trainer let go."""
+
+    @classmethod
+    def make(cls, ctx: SpawnContext) -> "Channels":
+        setup_recv, setup_send = ctx.Pipe(duplex=False)
+        wake_recv, wake_send = ctx.Pipe(duplex=False)
+        return cls(results=ctx.Queue(), stop=ctx.Event(), setup_recv=setup_recv, setup_send=setup_send,
+                   wake_recv=wake_recv, wake_send=wake_send, weights_lock=ctx.Lock(), released=ctx.Value("q", 0))
+
+    def wake(self) -> None:
+        """Tell the generator that new weights are published (it starts the groups they allow right away)."""
+        with contextlib.suppress(OSError, ValueError):  # a generator that is gone is reported by its process
+            self.wake_send.send_bytes(b"w")
+
+    def drain(self, timeout_s: float) -> list[Message]:
+        """Messages waiting on `results` within `timeout_s` (the first blocks, the rest do not)."""
+        out: list[Message] = []
+        try:
+            out.append(self.results.get(timeout=timeout_s))
+            while True:
+                out.append(self.results.get_nowait())
+        except queue_mod.Empty:
+            pass
+        return out
+
+    def close(self) -> None:
+        """The trainer's ends, once the generator is gone."""
+        with contextlib.suppress(Exception):
+            self.results.cancel_join_thread()
+            self.results.close()
+        for end in (self.setup_recv, self.setup_send, self.wake_recv, self.wake_send):
+            with contextlib.suppress(Exception):
+                end.close()
