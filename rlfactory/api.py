@@ -27,10 +27,14 @@ from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.asynchronous.launch import GeneratorLaunch
+from rlfactory.trainer.asynchronous.messages import HelperSpec
 from rlfactory.trainer.resume_changes import check_resume
 from rlfactory.trainer.run_dir import clear_run_outputs, lock_run_folder, refuse_to_replace, remove_partial_saves
 
 logger = logging.getLogger(__name__)
+
+SHARED_UPDATE_HELPER = "rlfactory.trainer.asynchronous.shared_update:generator_side"
+"""The generator's side of `trainer.update_on_generator` (asynchronous/shared_update.py), named for its spec."""
 
 _SHORTCUTS = {
     "model": "model.path",
@@ -86,13 +90,18 @@ def _train(recipe: Recipe, *, resume: bool, progress: bool, dry_run: bool) -> di
         from rlfactory.trainer.loop import train_local
 
         return train_local(recipe, resume=resume, progress=progress)
-    launch = GeneratorLaunch.start(recipe)
+    # the generator's side of the shared update is named by a string: its module imports torch, which this process
+    # loads only once the generator is spawned (both start up in parallel)
+    helper = HelperSpec(SHARED_UPDATE_HELPER) if recipe.trainer.update_on_generator else None
+    launch = GeneratorLaunch.start(recipe, helper=helper)
     try:
         from rlfactory.trainer.asynchronous.loop import train_async
+        from rlfactory.trainer.asynchronous.shared_update import SharedUpdate, applies
     except BaseException:
         launch.stop()
         raise
-    return train_async(recipe, resume=resume, progress=progress, launch=launch)
+    share = SharedUpdate() if helper is not None and applies(recipe) else None
+    return train_async(recipe, resume=resume, progress=progress, launch=launch, share=share)
 
 
 def _resumable(out: Path) -> bool:

@@ -8,11 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-REMOVED = {
-    "trainer.update_on_generator": "removed: the generator process no longer takes jobs of the trainer's update (it "
-    "measured within the run-to-run spread, bench/README.md); drop the key (nothing replaces it)",
-}
-"""Recipe fields that existed once: the error names what replaces them."""
+REMOVED: dict[str, str] = {}
+"""Recipe fields that existed once (dotted key -> what replaces them): a recipe naming one gets that as its error."""
 
 
 def summary_line(problems: list[str]) -> str:

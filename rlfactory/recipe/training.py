@@ -255,6 +255,11 @@ class TrainerConfig(Section):
     split_cores: bool = True
     """Asynchronous local runs: pin the trainer to the first half of the CPUs and the generator's decoding thread to
     the other half (the generator's event loop and tool servers are not pinned)."""
+    update_on_generator: bool = True
+    """Asynchronous local runs on CPU with `split_cores` and the HF engine: while the generator has nothing in
+    flight, its decoding core takes micro-batches of the trainer's forward/backward (the same gradient, computed on
+    the idle core; trainer/asynchronous/shared_update.py). Steps built as groups arrive only (one mini-batch and one
+    epoch per step, no masking), without a KL reference."""
     stale_groups: Literal["drop", "wait"] = "drop"
     """Asynchronous local runs: what happens to a GRPO group that would break the bound. `drop`: finished groups are
     trained oldest first and one whose oldest token is more than k versions old is dropped (counted in

@@ -32,8 +32,9 @@ class Policy:
     device: torch.device
     params: list[torch.nn.Parameter]
     """The trainable parameters (all of them, or the adapter's)."""
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: torch.optim.Optimizer | None
+    """None for a copy that only computes gradients (the generator's side of a shared update)."""
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
     reference: Reference
     actor_cfg: Any
     """verl's `ActorConfig` for the losses (`grpo.actor_config`)."""

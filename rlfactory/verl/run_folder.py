@@ -30,12 +30,13 @@ from typing import Any
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog, read_metrics, reward_summary
 from rlfactory.report.run_report import write_report
+from rlfactory.report.step_row import step_row
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.reward import combine_reward_metrics
-from rlfactory.rollout.agent_loop import mix_seed, rollout_metrics
+from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.tools.counters import combine_counters, tool_metrics
+from rlfactory.tools.counters import combine_counters
 from rlfactory.verl.config import VERL_GENERATIONS_DIR, VERL_METRICS_DIR
 from rlfactory.verl.records import read_records
 
@@ -112,9 +113,10 @@ VERL_NAMES = {
 }
 
 
-def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: list[dict[str, Any]],
-             previous_counters: dict[Any, dict[str, Any]]) -> dict[str, Any]:
-    """One metrics.jsonl row: verl's metrics of `step` and rlfactory's, from the trajectories recorded for it.
+def verl_step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: list[dict[str, Any]],
+                  previous_counters: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """One metrics.jsonl row: verl's metrics of `step` (also under the local engine's names) and rlfactory's, from
+    the trajectories recorded for it (`report.step_row`, as the local engine builds its rows).
 
     `previous_counters` holds each worker's last tool counters before this step; it is updated in place."""
     row: dict[str, Any] = {"step": step}
@@ -125,25 +127,26 @@ def step_row(recipe: Recipe, step: int, verl_metrics: dict[str, Any], records: l
     if records:
         trajs = [Trajectory.model_validate(r["trajectory"]) for r in records]
         scored = [r["reward_metrics"] for r in records if r.get("reward_metrics")]
-        if scored:  # scored in the loop (the default); verl's own reward path logs `critic/score/*` instead
-            row.update(combine_reward_metrics(scored))
-        row.update(rollout_metrics(trajs))
+        tools = None
         latest = latest_counters(records)
         if latest:
             before = [previous_counters[k] for k in latest if k in previous_counters]
-            row.update(tool_metrics(combine_counters(list(latest.values()), minus=before)))
+            tools = combine_counters(list(latest.values()), minus=before)
             previous_counters.update(latest)
-        row["horizon"] = max(int(r["horizon"]) for r in records)
-        row["rollout/nodes"] = len({r["node"] for r in records})
         hits = [(c, r["node"]) for r in records for c in r["trajectory"]["tool_calls"] if c.get("cached")]
-        row["tools/cache_hits"] = len(hits)
-        row["tools/cache_hits_from_other_nodes"] = sum(1 for c, node in hits
-                                                       if c.get("cache_origin") and c["cache_origin"] != node)
+        ours = {"rollout/nodes": len({r["node"] for r in records}), "tools/cache_hits": len(hits),
+                "tools/cache_hits_from_other_nodes": sum(1 for c, node in hits
+                                                         if c.get("cache_origin") and c["cache_origin"] != node)}
         matched = [r for r in records if "verl_score" in r]
         if matched:  # verl trains on the score rlfactory's RewardSet gave: a mismatch would be a bridge bug
-            row["reward/verl_score_mismatches"] = sum(
+            ours["reward/verl_score_mismatches"] = sum(
                 abs(r["verl_score"] - (r["trajectory"].get("reward") or 0.0)) > 1e-6 for r in matched)
-    row["horizon_stage"] = stage_for_step(recipe.rollout.horizon, max(step - 1, 0))
+        # scored in the loop (the default); verl's own reward path logs `critic/score/*` instead
+        row.update(step_row(step, trajectories=trajs, reward=combine_reward_metrics(scored) if scored else {},
+                            horizon=max(int(r["horizon"]) for r in records),
+                            horizon_stage=stage_for_step(recipe.rollout.horizon, max(step - 1, 0)), tools=tools,
+                            parts=[ours]))
+    row.setdefault("horizon_stage", stage_for_step(recipe.rollout.horizon, max(step - 1, 0)))
     return row
 
 
@@ -249,7 +252,7 @@ class RunFolderWriter:
                 mine = records_for(samples, records)
             else:  # the run ended without a dump for this step: fall back on verl's step tags
                 mine = [r for r in records if int(r["global_step"]) == step]
-            row = step_row(self.recipe, step, steps[step], mine, self._counters)
+            row = verl_step_row(self.recipe, step, steps[step], mine, self._counters)
             self._log.write(row)
             if row.get("reward/mean") is not None:
                 self.rewards.append(row["reward/mean"])

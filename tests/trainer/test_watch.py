@@ -53,7 +53,7 @@ class Clock:
         return self.now
 
 
-def pulse(clock: Clock, *, progress: tuple = (0, 0, 0, 0, 0), tool_calls: int = 0, groups: int = 2,
+def pulse(clock: Clock, *, progress: tuple = (0, 0, 0, 0, 0, 0), tool_calls: int = 0, groups: int = 2,
           gated: bool = False) -> Pulse:
     return Pulse(pid=42, sent=clock.now, groups=groups, tool_calls=tool_calls, gated=gated, version=3,
                  progress=progress)
@@ -91,21 +91,21 @@ def test_progress_or_a_tool_call_in_flight_keeps_a_long_wait_going(caplog):
     with caplog.at_level(logging.WARNING, logger="rlfactory.trainer.asynchronous.watch"):
         for i in range(1, 10):  # 450 s of a long step: decode steps keep coming
             clock.now += 50
-            watch.heard("pulse", pulse(clock, progress=(i * 100, 1, 0, 0, 0)))
+            watch.heard("pulse", pulse(clock, progress=(i * 100, 1, 0, 0, 0, 0)))
             watch.check("the 4 groups of step 2")
         assert any("decode steps +" in r.getMessage() for r in caplog.records)
         for _ in range(4):  # a tool call in flight for 200 s: its own timeout bounds it
             clock.now += 50
-            watch.heard("pulse", pulse(clock, progress=(900, 1, 0, 0, 0), tool_calls=1))
+            watch.heard("pulse", pulse(clock, progress=(900, 1, 0, 0, 0, 0), tool_calls=1))
             watch.check("the 4 groups of step 2")
         clock.now += 50
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
         watch.check("the 4 groups of step 2")
         clock.now += 60  # alive, but nothing moves and nothing is in flight
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
         watch.check("the 4 groups of step 2")
         clock.now += 60
-        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0)))
+        watch.heard("pulse", pulse(clock, progress=(900, 1, 1, 0, 0, 0)))
         with pytest.raises(GeneratorStalled, match=r"has made no progress for 120 s"):
             watch.check("the 4 groups of step 2")
 

@@ -10,6 +10,8 @@ the spawn).
     weights_lock                          makes a push and a load of SharedWeights exclusive
     released                              groups the trainer let go (dropped, or skipped in an outage): they free
                                           their places under the staleness bound (staleness.py)
+    helper_messages, helper_lock          an optional helper's own traffic, trainer -> generator, and its lock
+                                          (messages.HelperSpec; shared_update.py)
 
 Left out: what travels on them (messages.py), the weights themselves (weights.py, shared memory).
 """
@@ -38,13 +40,17 @@ class Channels:
     weights_lock: Any
     released: Any
     """A `multiprocessing.Value("q")`: groups the trainer let go."""
+    helper_messages: Any
+    """A `multiprocessing.Queue` for an optional helper (messages.HelperSpec)."""
+    helper_lock: Any
 
     @classmethod
     def make(cls, ctx: SpawnContext) -> "Channels":
         setup_recv, setup_send = ctx.Pipe(duplex=False)
         wake_recv, wake_send = ctx.Pipe(duplex=False)
         return cls(results=ctx.Queue(), stop=ctx.Event(), setup_recv=setup_recv, setup_send=setup_send,
-                   wake_recv=wake_recv, wake_send=wake_send, weights_lock=ctx.Lock(), released=ctx.Value("q", 0))
+                   wake_recv=wake_recv, wake_send=wake_send, weights_lock=ctx.Lock(), released=ctx.Value("q", 0),
+                   helper_messages=ctx.Queue(), helper_lock=ctx.Lock())
 
     def wake(self) -> None:
         """Tell the generator that new weights are published (it starts the groups they allow right away)."""
@@ -64,9 +70,10 @@ class Channels:
 
     def close(self) -> None:
         """The trainer's ends, once the generator is gone."""
-        with contextlib.suppress(Exception):
-            self.results.cancel_join_thread()
-            self.results.close()
+        for q in (self.results, self.helper_messages):
+            with contextlib.suppress(Exception):
+                q.cancel_join_thread()
+                q.close()
         for end in (self.setup_recv, self.setup_send, self.wake_recv, self.wake_send):
             with contextlib.suppress(Exception):
                 end.close()

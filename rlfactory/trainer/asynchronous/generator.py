@@ -22,6 +22,10 @@ left it; the event loop and the tool servers are not pinned. Every `PULSE_S` it 
 progress) for the trainer's watchdog (watch.py). A push of new weights wakes its serve loop at once (a byte on the
 wake pipe); a finished group too.
 
+An optional helper (`GeneratorHelper`, named by the spec and imported here by name: the trainer's update jobs of
+shared_update.py) is told of every group sent and cancelled, and whether the generator has nothing in flight (it may
+then use the generator's core for the trainer).
+
 Group i's prompt is the i-th draw of the run's seeded task order (`TaskSampler.at`), so a resumed run restarts from
 the first group not yet trained, skipping those trained after it; groups in flight at a kill are lost and their
 prompts generated again.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -40,7 +45,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers.utils.logging import disable_progress_bar
@@ -117,6 +122,40 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class GeneratorHelper(Protocol):
+    """Optional work this process does for the trainer (messages.HelperSpec names its factory)."""
+
+    def keep(self, index: int, trajectories: list[Trajectory]) -> None:
+        """Group `index` was sent to the trainer."""
+        ...
+
+    def forget(self, index: int) -> None:
+        """Group `index` was cancelled (it never reaches the trainer)."""
+        ...
+
+    def idle(self, idle: bool) -> None:
+        """Whether the generator has nothing in flight now (its core is free)."""
+        ...
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of work done so far (the generator's idle time does not count them)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def load_helper(spec: GeneratorSpec, channels: Channels, model: Any, tokenizer: Any, device: Any,
+                weights: SharedWeights, cpus: list[int] | None) -> GeneratorHelper | None:
+    """The spec's helper, built by its factory (imported by name: the core never imports a helper's module); None
+    without one, or when the factory declines."""
+    if spec.helper is None:
+        return None
+    module, _, name = spec.helper.factory.partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    return factory(channels, spec.recipe, model, tokenizer, device, weights, cpus)
+
+
 @dataclass
 class Activity:
     """What the pulses report beyond the engine's counters."""
@@ -142,6 +181,7 @@ class Generator:
         self.inflight: dict[int, asyncio.Task] = {}  # group index -> its task, while it runs
         self.gids: dict[int, str] = {}
         self.tools: ToolManager | None = None
+        self.helper: GeneratorHelper | None = None
         self._closing = asyncio.Event()
         self.turn_slots = OrderedSlots(self.r.trainer.prompts_per_step * self.r.rollout.samples_per_prompt)
         """One step's worth of turns generate at once, lowest group first (see the module's docstring)."""
@@ -151,6 +191,7 @@ class Generator:
         """Cumulative: wall_s since start, the engine's counters, gated_s (the bound held new groups back), weight
         loads and their seconds, groups started and dropped here."""
         return {"wall_s": time.perf_counter() - self.t0, **engine_counters(engine), "gated_s": self.gated_s,
+                "update_s": self.helper.seconds if self.helper is not None else 0.0,
                 "weight_loads": float(engine.weight_loads), "weight_load_s": engine.weight_load_s,
                 "started": float(self.started), "dropped": float(self.dropped),
                 "tool_restarts": float(self.tools.counters()["restarts"]) if self.tools is not None else 0.0}
@@ -178,6 +219,8 @@ class Generator:
         if setup is None:
             return
         self.weights, self.start_version = setup.weights.with_lock(self.ch.weights_lock), setup.start_version
+        # before the engine serves from `model`: a helper copies what it needs of it
+        self.helper = load_helper(self.spec, self.ch, model, tokenizer, device, self.weights, setup.engine_cpus)
         async with open_rollout_side(r, model, tokenizer, device, self.spec.run_dir) as side:
             engine: Any = side.engine
             if not isinstance(engine, FollowsWeights):
@@ -244,6 +287,8 @@ class Generator:
                 for i in [i for i, t in self.inflight.items() if t.done()]:
                     self.inflight.pop(i).result()  # a failure inside a group is a bug here: raise it
                     self.group_oldest.pop(self.gids.pop(i), None)
+                if self.helper is not None:
+                    self.helper.idle(not self.inflight)
                 t0 = time.perf_counter()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wake.wait(), POLL_S)
@@ -256,6 +301,8 @@ class Generator:
             for t in self.inflight.values():
                 t.cancel()
             await asyncio.gather(*self.inflight.values(), return_exceptions=True)
+            if self.helper is not None:
+                self.helper.close()
 
     def _on_wake(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
         """The wake pipe is readable: read what is there and wake the serve loop. A closed pipe (the trainer is
@@ -276,6 +323,8 @@ class Generator:
                 self.inflight.pop(i).cancel()
                 self.group_oldest.pop(self.gids.pop(i), None)
                 self.dropped += 1
+                if self.helper is not None:
+                    self.helper.forget(i)
                 self.ch.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
                                                              self.stats(engine))))
 
@@ -283,7 +332,7 @@ class Generator:
         """Tell the trainer's watchdog what this process is doing (watch.py)."""
         e, a = engine_counters(engine), self.activity
         progress = (e["engine_decode_steps"], e["engine_prefills"], float(a.tool_results), float(a.groups_done),
-                    float(engine.weight_loads))
+                    self.helper.seconds if self.helper is not None else 0.0, float(engine.weight_loads))
         self.ch.results.put(("pulse", Pulse(os.getpid(), time.monotonic(), len(self.inflight), a.tool_calls,
                                             not self._allowed(), self.weights.version, progress)))
 
@@ -301,6 +350,8 @@ class Generator:
         trajs = list(await asyncio.gather(*(one(k) for k in range(n))))
         metrics = list(await asyncio.gather(*(side.rewards.score([t]) for t in trajs)))
         counts = None if tools is None else tools.counts
+        if self.helper is not None:
+            self.helper.keep(index, trajs)
         self.activity.groups_done += 1
         self.ch.results.put(("group", GroupResult(index, trajs, metrics, version, counts, self.stats(side.engine))))
 

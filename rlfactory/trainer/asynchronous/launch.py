@@ -14,7 +14,7 @@ import time
 
 from rlfactory.recipe.schema import Recipe
 from rlfactory.trainer.asynchronous.channels import Channels
-from rlfactory.trainer.asynchronous.messages import GeneratorSpec, Setup
+from rlfactory.trainer.asynchronous.messages import GeneratorSpec, HelperSpec, Setup
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,11 @@ def _generator_process(spec: GeneratorSpec, channels: Channels) -> None:
 class GeneratorLaunch:
     """The generator process and its channels, as the trainer holds them."""
 
-    def __init__(self, recipe: Recipe):
+    def __init__(self, recipe: Recipe, helper: HelperSpec | None = None):
         ctx = mp.get_context("spawn")
         self.channels = Channels.make(ctx)
-        spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid())
+        spec = GeneratorSpec(recipe=recipe, run_dir=str(recipe.trainer.output_dir), parent_pid=os.getpid(),
+                             helper=helper)
         self._cpus: list[int] | None = None  # this process's CPUs before the split (restored by stop)
         self.engine_cpus: list[int] | None = None
         # vLLM's engine starts processes of its own, which a daemonic process may not: it is stopped by `stop`, by
@@ -42,8 +43,9 @@ class GeneratorLaunch:
                                 daemon=recipe.rollout.engine != "vllm", args=(spec, self.channels))
 
     @classmethod
-    def start(cls, recipe: Recipe) -> "GeneratorLaunch":
-        launch = cls(recipe)
+    def start(cls, recipe: Recipe, helper: HelperSpec | None = None) -> "GeneratorLaunch":
+        """Spawn the generator; `helper`: optional work it does for the trainer (messages.HelperSpec)."""
+        launch = cls(recipe, helper)
         launch.proc.start()
         if recipe.trainer.split_cores:
             launch._split_cores()

@@ -9,6 +9,8 @@ while this process updates the policy.
 epoch per step and no masking (the defaults), the update is built as the groups arrive (streamed.py): the
 forward/backward of the groups already here runs while the generator finishes the rest, and once the last is in
 only its own pass and the optimizer step remain. Otherwise the step waits for every group (`Update.whole_batch`).
+A `StepShare` (optional, given by the caller: the generator's idle core taking jobs of the update,
+shared_update.py) takes part of a streamed step's micro-batches; the step then waits for its gradient.
 The loss is the decoupled PPO objective with truncated importance weights and/or masking (`algorithm.off_policy`,
 algorithms/off_policy.py). A step whose every trajectory failed for infrastructure reasons is skipped as in the
 synchronous loop (outage.py): no update and no push, and its groups free their places under the bound once the
@@ -33,7 +35,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 import torch
 
@@ -50,11 +52,12 @@ from rlfactory.trainer.asynchronous.groups import GroupQueue
 from rlfactory.trainer.asynchronous.launch import GeneratorLaunch
 from rlfactory.trainer.asynchronous.messages import Failure, GroupDropped, GroupResult, Message, Ready, Setup
 from rlfactory.trainer.asynchronous.staleness import Staleness
-from rlfactory.trainer.asynchronous.streamed import StreamedStep, streams
+from rlfactory.trainer.asynchronous.streamed import JobShare, StreamedStep, streams
 from rlfactory.trainer.asynchronous.watch import GeneratorStalled, GeneratorWatch
 from rlfactory.trainer.asynchronous.weights import SharedWeights
 from rlfactory.trainer.outage import Verdict
 from rlfactory.trainer.run import StageTimer, StepOutcome, TrainingRun
+from rlfactory.trainer.update import MicroTotals
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +65,47 @@ READY_TIMEOUT_S = 600.0
 """How long the generator may take to load the model and start its tool servers (and its engine)."""
 
 
+class StepShare(JobShare, Protocol):
+    """Part of a streamed step's micro-batches run elsewhere (a `JobShare`), and the step's side of it."""
+
+    def attach(self, run: TrainingRun, launch: GeneratorLaunch) -> bool:
+        """Once the model is loaded and the generator spawned: whether the share takes part in this run."""
+        ...
+
+    def open_step(self, step: int, watermark: int) -> None:
+        """A streamed step at policy version `step` begins (its weights are published)."""
+        ...
+
+    def close_step(self) -> bool:
+        """No more jobs are taken; whether the other worker took some (wait until `ready`)."""
+        ...
+
+    def take_message(self, kind: str, body: Any) -> bool:
+        """A message from the generator of a kind the loop does not know: whether it was the share's."""
+        ...
+
+    def ready(self, step: int) -> bool:
+        """The other worker's gradient and sums of `step` have arrived."""
+        ...
+
+    def collect(self, step: int) -> tuple[MicroTotals | None, Any, dict[str, float]]:
+        """Add the other worker's gradient of `step` into the parameters (if it took jobs); its sums (`MicroTotals`,
+        the correction's totals; None when it took none) and the metrics of its part."""
+        ...
+
+    def close(self) -> None:
+        """The run is over."""
+        ...
+
+
 class AsyncSteps:
     """The asynchronous loop's steps (a `run.StepSource`), fed by a generator process."""
 
-    def __init__(self, run: TrainingRun, launch: GeneratorLaunch | None = None):
+    def __init__(self, run: TrainingRun, launch: GeneratorLaunch | None = None, share: StepShare | None = None):
         self.run = run
         self.launch = launch  # started before this process loaded torch (api.train), or in `open`
+        self.share = share
+        self._sharing = False
         r = run.recipe
         self.queue = GroupQueue()
         self.staleness: Staleness | None = None  # the launch's shared counter is needed: made in `open`
@@ -89,6 +127,7 @@ class AsyncSteps:
         self.watch = GeneratorWatch(self.launch.proc.pid, t.generator_watchdog_s, t.generator_stall_timeout_s)
         self.weights = SharedWeights.from_model(run.policy.model, self.launch.channels.weights_lock,
                                                 version=run.step)
+        self._sharing = self.streamed and self.share is not None and self.share.attach(run, self.launch)
         self.launch.setup(Setup(weights=self.weights, start_index=self.queue.watermark,
                                 skip=sorted(self.queue.done_above), start_version=run.step,
                                 engine_cpus=self.launch.engine_cpus))
@@ -173,8 +212,12 @@ class AsyncSteps:
         optimizer step), the update built as the groups arrive (streamed.py)."""
         run = self.run
         need = run.recipe.trainer.prompts_per_step
-        step = StreamedStep(run.update, run.recipe.algorithm.off_policy)
+        share = self.share if self._sharing else None
+        if share is not None:
+            share.open_step(index, self.queue.watermark)
+        step = StreamedStep(run.update, run.recipe.algorithm.off_policy, share)
         groups: list[GroupResult] = []
+        other, other_totals, share_m = None, None, {}
         try:
             while len(groups) < need or step.pending():
                 await self._receive(0.0)  # whatever arrived during the last micro-batch
@@ -182,7 +225,7 @@ class AsyncSteps:
                 if got:
                     groups += got
                     with timer("update"):
-                        await asyncio.to_thread(step.plan, _trajectories(got))
+                        await asyncio.to_thread(step.plan, _trajectories(got), [g.index for g in got])
                     continue
                 if step.pending():
                     with timer("update"):
@@ -190,16 +233,22 @@ class AsyncSteps:
                     continue
                 with timer("wait"):
                     await self._receive(0.05, f"the groups of step {index + 1} ({len(groups)} of {need} here)")
+            if share is not None:
+                if share.close_step():
+                    with timer("wait_jobs"):  # the jobs the other worker took
+                        while not share.ready(index):
+                            await self._receive(0.01, f"the update jobs of step {index + 1} it took")
+                other, other_totals, share_m = share.collect(index)
             verdict = run.outage.judge(_trajectories(groups), index + 1)
             if verdict is not Verdict.TRAIN:
                 step.abort()
                 return groups, verdict, {}
             with timer("update"):
-                metrics = await asyncio.to_thread(step.finish)
+                metrics = await asyncio.to_thread(step.finish, other, other_totals)
         except BaseException:
             step.abort()
             raise
-        return groups, verdict, metrics
+        return groups, verdict, {**metrics, **share_m}
 
     # ----------------------------------------------------------------------------------------------- the generator
     def _take(self, msg: Message) -> None:
@@ -215,6 +264,8 @@ class AsyncSteps:
         elif isinstance(body, GroupDropped):
             self.staleness.dropped_by_generator(self.queue, body.index, body.trajectories)
             self._gen_stats = body.stats
+        elif self.share is not None:
+            self.share.take_message(kind, body)
 
     async def _receive(self, timeout_s: float, waiting_for: str | None = None) -> None:
         """Take what the generator sent within `timeout_s`. `waiting_for` (words): the step is waiting for it, and
@@ -254,15 +305,16 @@ class AsyncSteps:
         def delta(key: str) -> float:
             return float(now.get(key, 0.0) - prev.get(key, 0.0))
 
-        wait = timer.seconds.get("wait", 0.0)
+        wait_groups, wait_jobs = timer.seconds.get("wait", 0.0), timer.seconds.get("wait_jobs", 0.0)
         return {
             "async/policy_version": float(index),
             "async/weight_push_s": timer.seconds.get("push", 0.0),
             "async/weight_load_s": delta("weight_load_s"),
             "async/weight_loads": delta("weight_loads"),
-            "async/trainer_idle_s": wait,
-            "async/trainer_wait_groups_s": wait,
-            "async/generator_idle_s": max(0.0, delta("wall_s") - delta("engine_busy_s")),
+            "async/trainer_idle_s": wait_groups + wait_jobs,
+            "async/trainer_wait_groups_s": wait_groups,
+            "async/trainer_wait_jobs_s": wait_jobs,
+            "async/generator_idle_s": max(0.0, delta("wall_s") - delta("engine_busy_s") - delta("update_s")),
             "async/generator_gated_s": delta("gated_s"),
             **{f"async/{k}": delta(k) for k in ENGINE_COUNTERS.values()},
         }
@@ -273,16 +325,19 @@ def _trajectories(groups: list[GroupResult]) -> list[Trajectory]:
 
 
 def train_async(recipe: Recipe, *, resume: bool = False, progress: bool = False,
-                launch: GeneratorLaunch | None = None) -> dict[str, Any]:
+                launch: GeneratorLaunch | None = None, share: StepShare | None = None) -> dict[str, Any]:
     """Run an asynchronous local recipe; returns the summary dict. `launch`: a generator already started for this
-    recipe (it is stopped when the run ends, however it ends)."""
+    recipe (it is stopped when the run ends, however it ends); `share`: optional work it takes of the update (its
+    generator side must be in the launch's spec)."""
     torch.set_num_threads(recipe.trainer.torch_threads)
     steps = None
     try:
         run = TrainingRun(recipe, resume=resume, progress=progress)
-        steps = AsyncSteps(run, launch)
+        steps = AsyncSteps(run, launch, share)
         return asyncio.run(run.run(steps))
     finally:
         launch = steps.launch if steps is not None else launch
         if launch is not None:
             launch.stop()
+        if share is not None:
+            share.close()

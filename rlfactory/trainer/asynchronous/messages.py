@@ -2,7 +2,7 @@
 
     trainer -> generator: GeneratorSpec (at spawn), Setup (once the run folder is ready)
     generator -> trainer: ("ready", Ready), ("group", GroupResult), ("dropped", GroupDropped), ("pulse", Pulse),
-                          ("error", Failure)
+                          ("error", Failure); and what an optional helper sends under kinds of its own
 
 Left out: the channels they travel on (channels.py).
 """
@@ -19,12 +19,22 @@ if TYPE_CHECKING:  # the trainer imports this before torch (launch.py): the weig
 
 
 @dataclass
+class HelperSpec:
+    """Optional work the generator process does for the trainer (e.g. jobs of its update, shared_update.py): the
+    generator calls `factory` ("module:callable", imported in the generator process) with its channels and what it
+    has (`generator.load_helper`); the factory may decline (None)."""
+
+    factory: str
+
+
+@dataclass
 class GeneratorSpec:
     """What the generator process needs to start, pickled into it."""
 
     recipe: Recipe
     run_dir: str
     parent_pid: int
+    helper: HelperSpec | None = None
 
 
 @dataclass
@@ -90,7 +100,7 @@ class Pulse:
     """Counters that move when the generator makes progress, named by `PROGRESS_NAMES`."""
 
 
-PROGRESS_NAMES = ("decode steps", "prefills", "tool results", "groups", "weight loads")
+PROGRESS_NAMES = ("decode steps", "prefills", "tool results", "groups", "helper s", "weight loads")
 """The counters of a pulse's `progress`, in order."""
 
 
