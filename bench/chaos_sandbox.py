@@ -5,7 +5,8 @@
 Two real sandbox MCP servers over streamable HTTP (`envs/tools/python_sandbox.py`): one with everything this
 machine allows (cgroup.kill where there is a cgroup v2), one with the fallback alone (`--disable cgroup --disable
 namespaces --disable uid`: the process sweep and the server as subreaper). Seeded calls, 8 at a time, spread over
-both; each gets past the audit hook's ban on new processes (tests/tools/sandbox_escapes.py) and then:
+both, with processes allowed (`--allow-processes`: a snippet that may start processes, or one that got around the
+audit hook's ban, meets the process-lifetime layer; tests/tools/sandbox_escapes.py), and each:
 - `setsid`: leaves its session and outsleeps its timeout;
 - `double_fork`: daemonizes a grandchild that keeps the pipes, and exits at once (0);
 - `closed_pipes`: a detached child closes stdin/stdout/stderr; the main process does too and sleeps, or exits;

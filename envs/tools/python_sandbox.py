@@ -2,7 +2,8 @@
 
 Run: `python -m rlfactory.envs.tools.python_sandbox` (stdio) or `--http --port N` (streamable HTTP on 127.0.0.1).
 Options: `--memory-mb`, `--max-timeout-s`, `--max-output-chars`, `--file-size-mb`, `--disable LAYER` (cgroup,
-namespaces or uid; repeatable: for a machine where one misbehaves).
+namespaces or uid; repeatable: for a machine where one misbehaves), `--allow-processes` (snippets may start
+processes, e.g. a compiler: the audit hook's ban is off; they are still confined and end with the call).
 
 Each call runs `python -I` in a fresh scratch directory (its cwd, deleted afterwards) and returns the exit code,
 stdout and stderr. Containment, in layers (the start-up log line says which are active):
@@ -101,11 +102,14 @@ def main() -> None:
     parser.add_argument("--file-size-mb", type=int, default=_limits.file_size_mb)
     parser.add_argument("--disable", action="append", choices=LAYERS, default=[], metavar="LAYER",
                         help=f"switch off an isolation layer ({', '.join(LAYERS)}); repeatable")
+    parser.add_argument("--allow-processes", action="store_true",
+                        help="snippets may start processes (still confined, and ended with their call)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)  # the MCP server has already set up the root logger at WARNING
     _limits.memory_mb, _limits.max_timeout_s = args.memory_mb, args.max_timeout_s
     _limits.max_output_chars, _limits.file_size_mb = args.max_output_chars, args.file_size_mb
+    _limits.allow_processes = args.allow_processes
     enable_subreaper()  # orphans of snippets come here, where the sweep finds them, instead of to init
     _isolation = probe_isolation(args.disable)
     log.info("python sandbox isolation: %s", _isolation.describe())

@@ -26,17 +26,20 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with O
 with open("main.py", encoding="utf-8") as f:
     source = f.read()
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-DENY = frozenset({
-    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-    "os.startfile", "socket.__new__", "socket.socketpair", "socket.fromfd", "socket.getaddrinfo",
+PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                            "subprocess.Popen", "os.startfile"})
+DENY = (frozenset() if cfg["allow_processes"] else PROCESS_EVENTS) | frozenset({
+    "socket.__new__", "socket.socketpair", "socket.fromfd", "socket.getaddrinfo",
     "socket.gethostbyname", "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.getnameinfo",
     "os.killpg", "signal.pthread_kill",
     "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "os.chroot", "sys.remote_exec",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents"})
 # ctypes stays importable (numpy needs it) but cannot look up the C functions that would sidestep the checks.
-DENY_SYMBOLS = frozenset({
-    "fork", "vfork", "clone", "clone3", "__clone", "_Fork", "execve", "execv", "execvp", "execvpe", "execl",
-    "execlp", "execle", "fexecve", "system", "popen", "posix_spawn", "posix_spawnp", "syscall", "socket",
+PROCESS_SYMBOLS = frozenset({"fork", "vfork", "clone", "clone3", "__clone", "_Fork", "execve", "execv", "execvp",
+                             "execvpe", "execl", "execlp", "execle", "fexecve", "system", "popen", "posix_spawn",
+                             "posix_spawnp"})
+DENY_SYMBOLS = (frozenset() if cfg["allow_processes"] else PROCESS_SYMBOLS) | frozenset({
+    "syscall", "socket",
     "socketpair", "connect", "kill", "killpg", "tgkill", "setrlimit", "prlimit", "prlimit64", "setuid", "setgid",
     "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "mknod", "mknodat", "ptrace",
     "dlopen", "dlsym", "dlvsym", "open", "open64", "openat", "openat64", "creat", "fopen", "fopen64", "unlink",
@@ -91,7 +94,7 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
         raise PermissionError(f"sandbox: {event.replace('.__new__', ' creation')} is not allowed")
     elif event == "ctypes.dlsym" and (args[1] if isinstance(args[1], str) else "") in DENY_SYMBOLS:
         raise PermissionError(f"sandbox: calling {args[1]} through ctypes is not allowed")
-    elif event == "import" and args[0] == "_posixsubprocess":
+    elif event == "import" and args[0] == "_posixsubprocess" and "os.fork" in DENY:
         # imported (and defused) before this hook: importing it again would build a fresh module with the real
         # fork_exec, which raises no audit event of its own
         raise PermissionError("sandbox: starting processes is not allowed")
@@ -110,7 +113,8 @@ def _rlfactory_sandbox_hook(event, args, scratch=os.path.realpath(scratch), real
 import _posixsubprocess
 def _no_fork_exec(*args, **kwargs):
     raise PermissionError("sandbox: starting processes is not allowed")
-_posixsubprocess.fork_exec = _no_fork_exec
+if not cfg["allow_processes"]:
+    _posixsubprocess.fork_exec = _no_fork_exec
 code = compile(source, os.path.join(scratch, "main.py"), "exec")
 sys.argv = ["main.py"]
 sys.path.insert(0, scratch)

@@ -37,6 +37,8 @@ class Limits:
     max_output_chars: int = 8_000
     file_size_mb: int = 16
     nproc: int = 64
+    allow_processes: bool = False
+    """Snippets may start processes (the audit hook's ban off); they are still confined and end with the call."""
 
 
 @dataclass
@@ -118,7 +120,7 @@ def prepare(code: str, timeout_s: float, limits: Limits, iso: Isolation,
         os.chmod(base, 0o711)  # without a view the snippet's uid reaches its scratch through the host's path
         os.chown(scratch, uid, uid)
     cfg = {"view": iso.view.spec(root) if iso.view else None, "uid": uid,
-           "readable": None if iso.view else iso.readable, "rlimits": {
+           "readable": None if iso.view else iso.readable, "allow_processes": limits.allow_processes, "rlimits": {
         "RLIMIT_AS": limits.memory_mb * 2**20,
         "RLIMIT_CPU": int(timeout_s) + 1,
         "RLIMIT_FSIZE": limits.file_size_mb * 2**20,

@@ -2,10 +2,9 @@
 
 Before its first step a training process has imported torch, transformers and the MCP SDK and loaded the model:
 hundreds of thousands of objects that live until the run ends. Each full collection walks all of them again while
-holding the GIL, which stalls the decoding thread or the update in the middle of a step (measured on the quickstart:
-one full collection of ~0.25 s during the steps of a run, in the synchronous process and in an asynchronous run's
-generator alike; ~0.005 s once frozen). Once set-up is done they are frozen: moved out of the collector's
-generations, so later collections walk only what the steps allocate. Objects made afterwards are collected as
+holding the GIL, which stalls the decoding thread or the update in the middle of a step. Once set-up is done they
+are frozen: moved out of the collector's generations, so later collections walk only what the steps allocate
+(bench/README.md has what a full collection cost before and after). Objects made afterwards are collected as
 before. A run inside a longer-lived process (the Python API, tests) thaws them again when it ends, so nothing stays
 out of the collector's reach for good.
 """

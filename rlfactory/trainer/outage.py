@@ -22,9 +22,11 @@ import logging
 import re
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Callable, Iterable
 
 from rlfactory.errors import ToolServerError
+from rlfactory.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +47,12 @@ class Verdict(enum.Enum):
     """Nothing to train on for `trainer.max_env_outage_s`: checkpoint and stop the run."""
 
 
-def nothing_to_train(trajectories: Iterable[Any]) -> bool:
+def nothing_to_train(trajectories: Iterable[Trajectory]) -> bool:
     """True when every trajectory was hit by an infrastructure failure (or there is none)."""
     return all(t.infra_failed for t in trajectories)
 
 
-def failure_sources(trajectory: Any) -> dict[str, str]:
+def failure_sources(trajectory: Trajectory) -> dict[str, str]:
     """What an infrastructure-failed trajectory blames (`server 'NAME'`, else `tool 'NAME'`, else `the rollout
     itself`), each with the first line of what it said: the tool layer's messages name the server (`tool server
     'NAME' ...`); failing that, the task's environment server, else the failed tool."""
@@ -88,7 +90,7 @@ class OutageGuard:
         """Trajectories each source (`failure_sources`: mostly servers) emptied, over the outage in progress."""
         self._said: dict[str, str] = {}
 
-    def judge(self, trajectories: list[Any], step: int) -> Verdict:
+    def judge(self, trajectories: list[Trajectory], step: int) -> Verdict:
         """TRAIN, SKIP (nothing to train on), or STOP (nothing to train on for `max_outage_s`). `step`: the
         1-based number of the step being judged (for the log)."""
         if not nothing_to_train(trajectories):
@@ -138,7 +140,7 @@ class OutageGuard:
         return "; ".join(f"{source}: {n} trajectories, e.g. {self._said[source]}"
                          for source, n in self.sources.most_common())
 
-    def error(self, step: int, checkpoint: Any) -> EnvOutageError:
+    def error(self, step: int, checkpoint: Path | None) -> EnvOutageError:
         """Why the run stopped: the servers, how long, the checkpoint and the way on."""
         lasted = self.clock() - (self._began if self._began is not None else self.clock())
         servers = [source.removeprefix("server ") for source in self.sources if source.startswith("server ")]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.recipe.schema import Recipe
 
 APPLIED: dict[str, str] = {
     "name": "a label",
@@ -72,21 +73,19 @@ def _match(key: str, table: dict[str, str]) -> str | None:
     return None
 
 
-def recipe_changes(saved: Any, new: Any) -> list[tuple[str, Any, Any]]:
+def recipe_changes(saved: Recipe, new: Recipe) -> list[tuple[str, Any, Any]]:
     """(field, saved value, new value) for every field that differs, in field order."""
     a, b = _flat(saved.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def saved_recipe(output_dir: str | Path) -> Any | None:
+def saved_recipe(output_dir: str | Path) -> Recipe | None:
     """The recipe a run folder was started with (None when it has none)."""
-    from rlfactory.recipe.schema import Recipe
-
     path = Path(output_dir) / "recipe.yaml"
     return Recipe.from_yaml(path) if path.is_file() else None
 
 
-def check_resume(output_dir: str | Path, recipe: Any) -> list[tuple[str, Any, Any]]:
+def check_resume(output_dir: str | Path, recipe: Recipe) -> list[tuple[str, Any, Any]]:
     """The changes a resume of `output_dir` with `recipe` applies; raise RLFactoryError (before any work) listing
     every change it cannot apply, with the reason."""
     saved = saved_recipe(output_dir)
@@ -103,7 +102,7 @@ def check_resume(output_dir: str | Path, recipe: Any) -> list[tuple[str, Any, An
     return changes
 
 
-def record_resume(output_dir: str | Path, step: int, changes: list[tuple[str, Any, Any]], recipe: Any) -> None:
+def record_resume(output_dir: str | Path, step: int, changes: list[tuple[str, Any, Any]], recipe: Recipe) -> None:
     """Append the resume to `resumes.jsonl` and make `recipe.yaml` the recipe now in force."""
     out = Path(output_dir)
     entry = {"step": step, "changes": {k: [old, new] for k, old, new in changes}}

@@ -17,7 +17,7 @@ from rlfactory.preflight import check_recipe
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import read_metrics
 from rlfactory.report.trackers import missing_packages
-from rlfactory.verl.run_folder import VERL_NAMES, step_row
+from rlfactory.verl.run_folder import VERL_NAMES, verl_step_row
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "recipes" / "quickstart.yaml"
@@ -106,7 +106,7 @@ def test_a_verl_row_carries_the_local_engines_loss_and_stage_names():
     verl = {"actor/pg_loss": -0.25, "actor/entropy": 1.5, "actor/ppo_kl": 0.01, "actor/grad_norm": 0.7,
             "timing_s/step": 3.0, "timing_s/gen": 1.0, "critic/score/mean": 0.5,
             "training/off_policy/trajectory_staleness/max": 1}
-    row = step_row(recipe, 1, verl, [], {})
+    row = verl_step_row(recipe, 1, verl, [], {})
     assert (row["loss/pg"], row["loss/entropy"], row["loss/ppo_kl"], row["perf/step_s"]) == (-0.25, 1.5, 0.01, 3.0)
     assert row["async/staleness_traj_max"] == 1  # the dashboard's staleness section shows verl's too
     assert row["actor/pg_loss"] == -0.25  # verl's own names stay

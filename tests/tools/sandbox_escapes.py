@@ -1,9 +1,8 @@
 """Snippets that try to outlive their python-sandbox call, and the real sandbox server to run them in.
 
-Each snippet first gets past the audit hook's ban on new processes (`KIT`: a fresh import of `_posixsubprocess`
-still has the `fork_exec` the sandbox replaced on the old module, and calling it directly raises no audit event),
-so what is tested is the process-lifetime layer itself, as a snippet that defeats the CPython-level checks would
-meet it. Forked children keep the command line of the snippet's interpreter, which names its scratch directory:
+The sandbox runs them with processes allowed (`--allow-processes`, `Limits.allow_processes`: the audit hook's ban on
+new processes off), so what is tested is the process-lifetime layer itself, as a snippet that may start processes,
+or one that got around the CPython-level checks, meets it. Forked children keep the command line of the snippet's interpreter, which names its scratch directory:
 every process of a snippet run by a server whose TMPDIR is `marker` has `marker` in its command line.
 
 Used by tests/tools/test_sandbox_escapes.py and bench/chaos_sandbox.py.
@@ -22,31 +21,21 @@ import psutil
 
 SANDBOX = Path(__file__).resolve().parents[2] / "envs" / "tools" / "python_sandbox.py"
 
-# fork(body, setsid=False): a child that runs body() and exits, with the parent's stdin/stdout/stderr; its pid.
+# fork(body, setsid=False): a child (in a session of its own with setsid) that runs body() and exits, with the parent's
+# stdin/stdout/stderr; its pid.
 KIT = r'''
 import os, sys, time, signal
-del sys.modules["_posixsubprocess"]
-import _posixsubprocess
 
 def fork(body, setsid=False):
-    def child():
+    pid = os.fork()
+    if pid == 0:
         try:
+            if setsid:
+                os.setsid()
             body()
         finally:
             os._exit(0)
-    r, w = os.pipe()  # fork_exec reports a failed exec on it; the child never gets that far
-    head = ([b"/"], [b"/nonexistent"], True, (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, False, setsid)
-    try:
-        for tail in ((-1, None, None, None, -1, child, False), (-1, None, None, None, -1, child),
-                     (None, None, None, -1, child)):  # the signatures of 3.11/3.12, 3.13, 3.10
-            try:
-                return _posixsubprocess.fork_exec(*head, *tail)
-            except TypeError:
-                continue
-        raise RuntimeError("no known fork_exec signature")
-    finally:
-        os.close(r)
-        os.close(w)
+    return pid
 
 def detach():
     try:
@@ -135,7 +124,7 @@ class SandboxServer:
 
     def start(self, limit_s: float = 120) -> str:
         """Start and wait until it listens; the isolation it logged at start-up."""
-        cmd = [sys.executable, str(SANDBOX), "--http", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, str(SANDBOX), "--http", "--port", str(self.port), "--allow-processes", *self.args]
         for layer in self.disable:
             cmd += ["--disable", layer]
         with open(self.log, "w") as log:

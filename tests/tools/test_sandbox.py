@@ -146,6 +146,21 @@ async def test_fork_bombs_are_contained(iso):
     assert child_pids() == before
 
 
+async def test_processes_may_be_allowed_and_still_end_with_the_call(iso, tmp_path, monkeypatch):
+    """`--allow-processes` (`Limits.allow_processes`): a snippet may run a program; the process-lifetime layer still
+    ends what it leaves behind (the escapes are test_sandbox_escapes.py's)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = ("import os, time\n"  # (the filesystem view holds no program to run: fork)
+            "r, w = os.pipe()\n"
+            "if os.fork() == 0:\n    os.write(w, b'42')\n    time.sleep(300)\n"
+            "print(os.read(r, 2).decode())\n")
+    out = await run(iso, code, allow_processes=True)
+    assert out.startswith("exit code: 0") and "42" in out, out
+    assert escapes.alive_with(str(tmp_path)) == []
+    refused = await run(iso, code)
+    assert refused.startswith("exit code: 1") and "not allowed" in refused, refused
+
+
 async def test_huge_output_is_truncated(iso):
     out = await run(iso, "while True:\n    print('x' * 1000)", timeout_s=20, max_output_chars=2000)
     assert "stopped: the output exceeded the limit" in out
@@ -178,7 +193,7 @@ async def test_detached_processes_end_with_the_call_in_process(iso, tmp_path, mo
         (escapes.closed_pipes(), 1, "exit code: none (killed)\ntimed out after 1 s (killed)\n--- stdout ---\nready\n"),
         (escapes.setsid_sleep(), 1, "exit code: none (killed)\ntimed out after 1 s (killed)\n--- stdout ---\nready\n"),
     ]:
-        out = await asyncio.wait_for(run(iso, code, timeout_s=timeout_s), 90)  # a hang guard, never reached
+        out = await asyncio.wait_for(run(iso, code, timeout_s=timeout_s, allow_processes=True), 90)  # a hang guard
         assert out == expected
         assert escapes.alive_with(str(tmp_path)) == []
 

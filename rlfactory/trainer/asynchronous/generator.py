@@ -56,7 +56,13 @@ from rlfactory.models.devices import resolve_device
 from rlfactory.models.loading import load_policy, load_tokenizer
 from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
 from rlfactory.rollout.engines.hf import HFEngine
-from rlfactory.rollout.engines.protocol import FollowsWeights, GenerationOutput, SamplingParams, engine_counters
+from rlfactory.rollout.engines.protocol import (
+    FollowsWeights,
+    GenerationEngine,
+    GenerationOutput,
+    SamplingParams,
+    engine_counters,
+)
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide, open_rollout_side
@@ -222,7 +228,7 @@ class Generator:
         # before the engine serves from `model`: a helper copies what it needs of it
         self.helper = load_helper(self.spec, self.ch, model, tokenizer, device, self.weights, setup.engine_cpus)
         async with open_rollout_side(r, model, tokenizer, device, self.spec.run_dir) as side:
-            engine: Any = side.engine
+            engine = side.engine
             if not isinstance(engine, FollowsWeights):
                 raise RLFactoryError(f"rollout.engine {r.rollout.engine!r} cannot generate for an asynchronous run: "
                                      f"its engine does not take pushed weights (protocol.FollowsWeights)")
@@ -259,7 +265,7 @@ class Generator:
         gate = asyncio.Semaphore(r.rollout.max_concurrent_trajectories)
         skip = set(setup.skip)
         index = setup.start_index
-        engine: Any = side.engine
+        engine = side.engine
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_reader(self.ch.wake_recv.fileno(), self._on_wake, loop, wake)
@@ -328,7 +334,7 @@ class Generator:
                 self.ch.results.put(("dropped", GroupDropped(i, self.r.rollout.samples_per_prompt, oldest,
                                                              self.stats(engine))))
 
-    def _pulse(self, engine: Any) -> None:
+    def _pulse(self, engine: FollowsWeights) -> None:
         """Tell the trainer's watchdog what this process is doing (watch.py)."""
         e, a = engine_counters(engine), self.activity
         progress = (e["engine_decode_steps"], e["engine_prefills"], float(a.tool_results), float(a.groups_done),
@@ -396,7 +402,7 @@ class _VersionWatch:
     """The engine as one group's AgentLoop sees it: each turn generates in a slot of `slots` (group `index`'s
     priority), and the oldest version served to the group is noted (for the staleness rule's cancel)."""
 
-    def __init__(self, engine: Any, oldest: dict[str, int], slots: OrderedSlots, index: int):
+    def __init__(self, engine: GenerationEngine, oldest: dict[str, int], slots: OrderedSlots, index: int):
         self.engine = engine
         self.oldest = oldest
         self.slots = slots

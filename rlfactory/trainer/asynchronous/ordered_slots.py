@@ -4,8 +4,7 @@ The generator of an asynchronous run holds one slot for each turn it generates, 
 slots as one step's trajectories, the groups the trainer needs next run at the engine's full speed and the next
 step's fill the rows theirs leave; a trajectory waiting for a tool holds none. Without an order every group started
 runs at once: on a CPU a decode step's cost grows with its rows, so all of them finish together and late, and the
-trainer waits for the whole lot (TextCraft at 8 turns: 18.7 s a step against 10.2 s synchronous, and 13 % of the
-trajectories dropped as too stale).
+trainer waits for the whole lot (bench/README.md has what that cost on TextCraft).
 """
 from __future__ import annotations
 

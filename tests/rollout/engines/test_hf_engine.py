@@ -212,35 +212,3 @@ def test_worker_cpus_pin_the_decoding_thread_only():
 
     assert asyncio.run(run()) == {cpu}
     assert os.sched_getaffinity(0) == mine  # the caller's thread keeps its CPUs
-
-
-
-async def test_idle_task_runs_between_requests_and_a_failing_one_is_dropped():
-    """The decoding thread runs `idle_task` only while nothing waits or decodes; requests still get the same tokens;
-    a task that raises is dropped and the engine goes on serving."""
-    engine = make_engine(build_tiny_qwen3(300, seed=0))
-    ref = await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, seed=1))
-    seen: list[tuple[int, int]] = []
-
-    def task() -> bool:
-        seen.append((len(engine._pending), engine.stats.requests))
-        return False
-
-    engine.idle_task = task
-    try:
-        got = await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, seed=1))
-        while len(seen) < 3:
-            await asyncio.sleep(0.01)
-        assert got.token_ids == ref.token_ids
-        assert all(pending == 0 for pending, _ in seen)  # never while a request waits
-
-        def broken() -> bool:
-            raise RuntimeError("boom")
-
-        engine.idle_task = broken
-        while engine.idle_task is not None:
-            await asyncio.sleep(0.01)
-        again = await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8, seed=1))
-        assert again.token_ids == ref.token_ids
-    finally:
-        await engine.close()
