@@ -16,6 +16,7 @@ from typing import Any
 
 from rlfactory.envs.protocol import EPISODE_ARG, takes_episode
 from rlfactory.errors import ConfigError
+from rlfactory.starter import starter_root
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.mcp_configs import load_mcp_configs
 from rlfactory.tools.setup_mcp import resolve_config_paths, server_health
@@ -99,9 +100,16 @@ def env_servers(specs: list[Any]) -> list[str]:
     return sorted(s for s, tools in by_server.items() if {"reset", "step", "close"} <= tools)
 
 
+def _envs_config() -> Path:
+    here = Path("mcp_configs") / "envs.json"
+    return here if here.is_file() else starter_root() / "mcp_configs" / "envs.json"
+
+
 async def run_doctor(configs: list[Path], only: list[str] | None = None, task_id: int = 0,
                      action: str | None = None) -> list[EnvReport]:
-    """Check every environment server of `configs` (or those named in `only`) concurrently."""
+    """Check every environment server of `configs` (or those named in `only`) concurrently. Given no file: the
+    environments' file, `mcp_configs/envs.json` (the project's, else the shipped one)."""
+    configs = list(configs) or [_envs_config()]
     servers = load_mcp_configs(resolve_config_paths(configs))
     if only:
         missing = sorted(set(only) - set(servers))

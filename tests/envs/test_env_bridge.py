@@ -56,11 +56,11 @@ def textcraft_http(http_server):
     return http_server()
 
 
-def rlf(*args: str) -> subprocess.CompletedProcess:
-    """The `rlfactory` CLI as a user runs it."""
+def rlf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The `rlfactory` CLI as a user runs it (from the checkout, or from `cwd`)."""
     exe = Path(sys.executable).parent / "rlfactory"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "rlfactory.cli"]
-    return subprocess.run([*cmd, *args], cwd=REPO, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    return subprocess.run([*cmd, *args], cwd=cwd, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
                           capture_output=True, text=True, timeout=240)
 
 

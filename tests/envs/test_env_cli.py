@@ -65,3 +65,11 @@ def test_tasks_read_off_a_server_name_its_goals(tmp_path, free_port):
     assert [replay.reset(i).info["goal"] for i in range(12)] == [ours.reset(i).info["goal"] for i in range(12)]
     bad = rlf("envs", "tasks", "--env", "textcraft", "--ids", "a:b", "--out", str(out))
     assert bad.returncode == 1 and "--ids" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_doctor_given_no_file_checks_the_environments_file(tmp_path):
+    """`rlfactory envs doctor` with no file reads mcp_configs/envs.json (default.json holds tools, not
+    environments); run from an empty folder, the shipped one."""
+    ok = rlf("envs", "doctor", "--server", "textcraft", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "textcraft" in ok.stdout and "✓ reset(task_id=0)" in ok.stdout, ok.stdout

@@ -132,3 +132,12 @@ def test_the_graph_is_read():
     # the checks above mean something only if edges were found
     assert sum(len(d) for d in GRAPH.values()) > 100
     assert "rlfactory.recipe.schema" in GRAPH["rlfactory.preflight"]
+
+
+def test_every_source_folder_is_a_regular_package():
+    """setuptools' discovery ships only folders with an __init__.py: a namespace folder works from a checkout
+    and is missing from the wheel."""
+    root = Path(__file__).resolve().parents[2] / "rlfactory"
+    missing = [str(d.relative_to(root.parent)) for d in root.rglob("*")
+               if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    assert not missing, f"folders with modules but no __init__.py (left out of the wheel): {missing}"
