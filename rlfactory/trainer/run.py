@@ -38,7 +38,6 @@ from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide
 from rlfactory.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlfactory.trainer.evaluate import evaluate_on
-from rlfactory.trainer.heap import FrozenHeap
 from rlfactory.trainer.outage import OutageGuard, Verdict
 from rlfactory.trainer.policy import Policy
 from rlfactory.trainer.progress import StepProgress
@@ -151,11 +150,8 @@ class TrainingRun:
         wall0 = time.perf_counter()
         last_eval: dict[str, Any] = {}
         bar = StepProgress(self.progress, t.total_steps, start_step)
-        heap = FrozenHeap()
-        heap.freeze()  # the imports and the model; again once the steps' side is up
         try:
             async with source.open():
-                heap.freeze()
                 while self.step < t.total_steps:
                     timer = StageTimer()
                     with timer("step"):
@@ -186,7 +182,6 @@ class TrainingRun:
         finally:
             bar.close()
             log.close()
-            heap.thaw()
         return self._finish(start_step, wall0, last_eval, source)
 
     async def evaluate(self, side: RolloutSide, *, tag: str = "eval", k: int | None = None) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 raises is counted, not a crash."""
 from __future__ import annotations
 
-import gc
 import json
 
 import pytest
@@ -14,15 +13,6 @@ from rlfactory.errors import ConfigError
 def answer_length_reward(completion: str) -> float:
     """Module-level, so the trainer can import it by name."""
     return min(len(completion), 50) / 50
-
-
-FROZEN_DURING_STEPS: list[int] = []
-
-
-def frozen_objects(completion: str) -> float:
-    """Records how many objects the collector holds frozen while the steps run (trainer/heap.py)."""
-    FROZEN_DURING_STEPS.append(gc.get_freeze_count())
-    return 0.0
 
 
 def sometimes_raises(completion: str) -> float:
@@ -50,16 +40,9 @@ def test_keyword_arguments_build_the_recipe(tiny_setup_master):
 
 def test_api_train_runs_the_recipe_and_counts_reward_failures(tiny_recipe):
     out = tiny_recipe.parent / "api_run"
-    f = RLFactory(recipe=str(tiny_recipe), reward_function=[answer_length_reward, (sometimes_raises, 0.0),
-                                                            (frozen_objects, 0.0)],
+    f = RLFactory(recipe=str(tiny_recipe), reward_function=[answer_length_reward, (sometimes_raises, 0.0)],
                   output_dir=str(out), total_steps=2, **{"trainer.save_every_steps": 0})
-    FROZEN_DURING_STEPS.clear()
-    gc.unfreeze()
     summary = f.train()
-    # set-up's objects (imports, model, tool servers) are out of the collector's reach during the steps, and back
-    # in it once the run ends
-    assert FROZEN_DURING_STEPS and min(FROZEN_DURING_STEPS) > 10_000
-    assert gc.get_freeze_count() == 0
     assert summary["steps"] == 2 and summary["output_dir"] == str(out)
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2

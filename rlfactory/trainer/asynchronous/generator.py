@@ -83,7 +83,6 @@ from rlfactory.trainer.asynchronous.ordered_slots import OrderedSlots
 from rlfactory.trainer.asynchronous.staleness import Staleness
 from rlfactory.trainer.asynchronous.watch import PULSE_S
 from rlfactory.trainer.asynchronous.weights import SharedWeights
-from rlfactory.trainer.heap import FrozenHeap
 
 logger = logging.getLogger(__name__)
 
@@ -219,8 +218,6 @@ class Generator:
         sampler = TaskSampler(len(tasks), r.trainer.seed)
         tokenizer = load_tokenizer(r)
         model = load_policy(r, device).eval()
-        heap = FrozenHeap()  # this process ends with the run: never thawed
-        heap.freeze()  # the imports and the model; again once the tool servers are up
         setup = await self._wait_setup()
         if setup is None:
             return
@@ -236,7 +233,6 @@ class Generator:
             if setup.engine_cpus and isinstance(engine, HFEngine):
                 engine.worker_cpus = set(setup.engine_cpus)
             self.tools = side.tools
-            heap.freeze()
             self.ch.results.put(("ready", Ready(os.getpid(), engine.policy_version)))
             await self._serve(side, tasks, sampler, setup)
 
