@@ -22,8 +22,8 @@ import logging
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from rlfactory.errors import ToolServerError
 from rlfactory.rollout.trajectory import Trajectory

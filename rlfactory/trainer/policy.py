@@ -40,7 +40,7 @@ class Policy:
     """verl's `ActorConfig` for the losses (`grpo.actor_config`)."""
 
     @classmethod
-    def load(cls, recipe: Recipe, *, model_path: str | Path | None = None, for_eval: bool = False) -> "Policy":
+    def load(cls, recipe: Recipe, *, model_path: str | Path | None = None, for_eval: bool = False) -> Policy:
         """Seed torch and Python's RNG from `trainer.seed`, then load. `model_path` replaces `model.path` (a
         checkpoint's model folder, for eval); `for_eval` skips the reference model."""
         r = recipe

@@ -22,10 +22,11 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.recipe.schema import Recipe

@@ -1,16 +1,13 @@
 """The staleness rule of an asynchronous run (trainer/asynchronous/staleness.py), asked by both processes: which
 groups the generator may start (the bound, the first step's groups alone, never past the last step) and must cancel,
 and which finished groups a step takes (`trainer.stale_groups`: drop / wait); the data position a checkpoint keeps
-(groups.py); and what wakes the generator's serve loop (the trainer's wake byte after each push)."""
+(groups.py)."""
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 
 from rlfactory.recipe.training import TrainerConfig
 from rlfactory.rollout.trajectory import Trajectory
-from rlfactory.trainer.asynchronous.channels import Channels
-from rlfactory.trainer.asynchronous.generator import Generator
 from rlfactory.trainer.asynchronous.groups import GroupQueue
 from rlfactory.trainer.asynchronous.messages import GroupResult
 from rlfactory.trainer.asynchronous.staleness import Staleness
@@ -148,28 +145,3 @@ def test_group_i_draws_the_task_the_synchronous_sampler_draws_i_th():
     assert s.next(5) == draws[:5]  # `at` never moves the position
     s.seek(12)
     assert s.absolute_position() == 12 and s.next(10) == draws[12:22]
-
-
-# ------------------------------------------------------------------------------------------------ waking
-def test_the_trainers_wake_byte_wakes_the_serve_loop_and_a_closed_pipe_stops_being_watched():
-    channels = Channels.make(CTX)
-    gen = Generator.__new__(Generator)  # only its channels are used here
-    gen.ch = channels
-    rd = channels.wake_recv
-
-    async def serve_loop_side() -> None:
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        loop.add_reader(rd.fileno(), gen._on_wake, loop, wake)
-        channels.wake()
-        channels.wake()  # two pushes before the loop looked: one wake-up, both bytes read
-        await asyncio.wait_for(wake.wait(), 60)  # nothing polls here: only the byte can set it
-        assert not rd.poll()
-        wake.clear()
-        channels.wake_send.close()  # the trainer is gone
-        await asyncio.wait_for(wake.wait(), 60)  # woken once more by the end of the pipe ...
-        assert not loop.remove_reader(rd.fileno())  # ... and no longer watched
-
-    asyncio.run(serve_loop_side())
-    channels.wake()  # a closed pipe is not an error on the trainer's side (the generator's exit is reported)
-    channels.close()

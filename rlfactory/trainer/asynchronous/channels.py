@@ -5,7 +5,6 @@ the spawn).
     results        generator -> trainer   ("ready" | "group" | "dropped" | "pulse" | "error", record): messages.py
     setup          trainer -> generator   the Setup, once the run folder is ready (a pipe: a record that cannot
                                           travel fails in the sender, loudly)
-    wake           trainer -> generator   a byte after each weight push: the generator's event loop wakes at once
     stop           trainer -> generator   shut down (close the tool servers, exit)
     weights_lock                          makes a push and a load of SharedWeights exclusive
     released                              groups the trainer let go (dropped, or skipped in an outage): they free
@@ -35,8 +34,6 @@ class Channels:
     """A `multiprocessing.Event`."""
     setup_recv: Connection
     setup_send: Connection
-    wake_recv: Connection
-    wake_send: Connection
     weights_lock: Any
     released: Any
     """A `multiprocessing.Value("q")`: groups the trainer let go."""
@@ -45,17 +42,11 @@ class Channels:
     helper_lock: Any
 
     @classmethod
-    def make(cls, ctx: SpawnContext) -> "Channels":
+    def make(cls, ctx: SpawnContext) -> Channels:
         setup_recv, setup_send = ctx.Pipe(duplex=False)
-        wake_recv, wake_send = ctx.Pipe(duplex=False)
         return cls(results=ctx.Queue(), stop=ctx.Event(), setup_recv=setup_recv, setup_send=setup_send,
-                   wake_recv=wake_recv, wake_send=wake_send, weights_lock=ctx.Lock(), released=ctx.Value("q", 0),
-                   helper_messages=ctx.Queue(), helper_lock=ctx.Lock())
-
-    def wake(self) -> None:
-        """Tell the generator that new weights are published (it starts the groups they allow right away)."""
-        with contextlib.suppress(OSError, ValueError):  # a generator that is gone is reported by its process
-            self.wake_send.send_bytes(b"w")
+                   weights_lock=ctx.Lock(), released=ctx.Value("q", 0), helper_messages=ctx.Queue(),
+                   helper_lock=ctx.Lock())
 
     def drain(self, timeout_s: float) -> list[Message]:
         """Messages waiting on `results` within `timeout_s` (the first blocks, the rest do not)."""
@@ -74,6 +65,6 @@ class Channels:
             with contextlib.suppress(Exception):
                 q.cancel_join_thread()
                 q.close()
-        for end in (self.setup_recv, self.setup_send, self.wake_recv, self.wake_send):
+        for end in (self.setup_recv, self.setup_send):
             with contextlib.suppress(Exception):
                 end.close()

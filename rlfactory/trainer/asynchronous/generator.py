@@ -4,7 +4,7 @@
     ---------------                                  ---------------------------------------------------------
     SharedWeights.publish(model, v)  ---- shm --->   its engine loads version v between two decode steps
     channels.results.get() <--------- queue ------   scored GRPO groups (trajectories stamped with versions), pulses
-    released, wake, stop  ------ shared, pipe --->   the staleness bound, a push happened, shutdown
+    released, stop  ------------ shared --------->   the staleness bound, shutdown
 
 The generator runs its own copy of the policy in its own engine (`rollout.engine`: HF or vLLM, anything that keeps
 the weight-push contract, `protocol.FollowsWeights`), tool servers, AgentLoop and RewardSet, and keeps as many GRPO
@@ -19,8 +19,8 @@ Start-up: the process loads its model while the trainer loads its own, then wait
 and the data position, once the trainer has prepared the run folder and restored any checkpoint) before it starts
 its tool servers and engine. With `trainer.split_cores` the HF engine's decoding thread runs on the CPUs the trainer
 left it; the event loop and the tool servers are not pinned. Every `PULSE_S` it sends a pulse (what it is doing, its
-progress) for the trainer's watchdog (watch.py). A push of new weights wakes its serve loop at once (a byte on the
-wake pipe); a finished group too.
+progress) for the trainer's watchdog (watch.py). Its serve loop looks at the published version every `POLL_S`;
+a finished group wakes it at once.
 
 An optional helper (`GeneratorHelper`, named by the spec and imported here by name: the trainer's update jobs of
 shared_update.py) is told of every group sent and cancelled, and whether the generator has nothing in flight (it may
@@ -86,9 +86,9 @@ from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.02
+POLL_S = 0.005
 """How often the serve loop looks at the published version, the stop flag and the trainer's releases when nothing
-woke it (a push and a finished group wake it at once)."""
+woke it (a finished group wakes it at once)."""
 SETUP_TIMEOUT_S = 900.0
 """How long a loaded generator waits for the trainer's Setup (the trainer loads its model, or resumes, meanwhile)."""
 
@@ -263,8 +263,6 @@ class Generator:
         index = setup.start_index
         engine = side.engine
         wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self.ch.wake_recv.fileno(), self._on_wake, loop, wake)
         next_pulse = 0.0
         try:
             while not (self.ch.stop.is_set() or self._closing.is_set()):
@@ -298,23 +296,11 @@ class Generator:
                 if not self._allowed():
                     self.gated_s += time.perf_counter() - t0
         finally:
-            with contextlib.suppress(OSError, ValueError):
-                loop.remove_reader(self.ch.wake_recv.fileno())
             for t in self.inflight.values():
                 t.cancel()
             await asyncio.gather(*self.inflight.values(), return_exceptions=True)
             if self.helper is not None:
                 self.helper.close()
-
-    def _on_wake(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
-        """The wake pipe is readable: read what is there and wake the serve loop. A closed pipe (the trainer is
-        gone) stops being watched; the stop flag and the parent watch end the process."""
-        try:
-            while self.ch.wake_recv.poll():
-                self.ch.wake_recv.recv_bytes()
-        except (EOFError, OSError):
-            loop.remove_reader(self.ch.wake_recv.fileno())
-        wake.set()
 
     def _cancel_stale(self, engine: FollowsWeights) -> None:
         """Cancel the groups in flight that the staleness rule says can never be trained, and count them dropped."""

@@ -43,7 +43,7 @@ class GeneratorLaunch:
                                 daemon=recipe.rollout.engine != "vllm", args=(spec, self.channels))
 
     @classmethod
-    def start(cls, recipe: Recipe, helper: HelperSpec | None = None) -> "GeneratorLaunch":
+    def start(cls, recipe: Recipe, helper: HelperSpec | None = None) -> GeneratorLaunch:
         """Spawn the generator; `helper`: optional work it does for the trainer (messages.HelperSpec)."""
         launch = cls(recipe, helper)
         launch.proc.start()

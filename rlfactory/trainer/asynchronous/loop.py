@@ -3,7 +3,8 @@ while this process updates the policy.
 
     generator process (generator.py): rollouts + rewards with the newest pushed weights, as the staleness rule admits
     this process (`AsyncSteps`): take prompts_per_step finished groups (staleness.py) -> GRPO update with an
-        off-policy correction -> publish the weights (weights.py) and wake the generator
+        off-policy correction -> publish the weights (weights.py): the generator
+        picks them up within its poll
 
 `AsyncSteps` runs one step; the run around it is the scaffold both loops share (run.py). With one mini-batch and one
 epoch per step and no masking (the defaults), the update is built as the groups arrive (streamed.py): the
@@ -35,7 +36,8 @@ import logging
 import os
 import signal
 import time
-from typing import Any, AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import torch
 
@@ -160,7 +162,6 @@ class AsyncSteps:
             return StepOutcome(verdict, trajs, groups=len(groups))
         with timer("push"):
             self.weights.publish(run.policy.model, index + 1)
-            self.launch.channels.wake()
         counts = [g.tools for g in groups if g.tools is not None]
         tools = None
         if counts:

@@ -9,7 +9,7 @@ Left out: the channels they travel on (channels.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Literal
 
 from rlfactory.recipe.schema import Recipe
 from rlfactory.rollout.trajectory import Trajectory
@@ -41,7 +41,7 @@ class GeneratorSpec:
 class Setup:
     """What the trainer sends once its model is loaded and the run folder is ready."""
 
-    weights: "SharedWeights"
+    weights: SharedWeights
     """The shared weights the trainer publishes to (version `start_version` now)."""
     start_index: int
     """The first group (task draw) to generate."""
@@ -115,4 +115,4 @@ class Failure:
 
 
 Message = tuple[Literal["ready", "group", "dropped", "pulse", "error"],
-                Union[Ready, GroupResult, GroupDropped, Pulse, Failure]]
+                Ready | GroupResult | GroupDropped | Pulse | Failure]

@@ -98,7 +98,7 @@ class UpdateJobs:
         self._lock = lock
 
     @classmethod
-    def from_model(cls, model: Any, lock: Any) -> "UpdateJobs":
+    def from_model(cls, model: Any, lock: Any) -> UpdateJobs:
         grads = {name: torch.zeros(p.shape, dtype=p.dtype).share_memory_()
                  for name, p in trainable_parameters(model).items()}
         header = torch.tensor([-1, 0, 1, -1], dtype=torch.int64).share_memory_()
@@ -110,7 +110,7 @@ class UpdateJobs:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.grads, self.state, self.header, self._lock = state["grads"], state["state"], state["header"], None
 
-    def with_lock(self, lock: Any) -> "UpdateJobs":
+    def with_lock(self, lock: Any) -> UpdateJobs:
         self._lock = lock
         return self
 
@@ -274,7 +274,7 @@ class SharedUpdate:
 
 # ---------------------------------------------------------------------------------------------------- the generator
 def generator_side(channels: Channels, recipe: Recipe, model: Any, tokenizer: Any, device: Any,
-                   weights: SharedWeights, cpus: list[int] | None) -> "GeneratorSide | None":
+                   weights: SharedWeights, cpus: list[int] | None) -> GeneratorSide | None:
     """The generator's factory (`HELPER`): a GeneratorSide where the run can share its update, else None."""
     if not cpus or not applies(recipe):
         return None

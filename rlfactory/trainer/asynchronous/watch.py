@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlfactory.errors import RLFactoryError
 from rlfactory.trainer.asynchronous.messages import PROGRESS_NAMES, Pulse

@@ -35,7 +35,7 @@ class SharedWeights:
         self._lock = lock
 
     @classmethod
-    def from_model(cls, model: Any, lock: Any = None, version: int = 0) -> "SharedWeights":
+    def from_model(cls, model: Any, lock: Any = None, version: int = 0) -> SharedWeights:
         """Shared copies of the model's trainable parameters; `lock`: a multiprocessing lock both processes hold
         (made here when None)."""
         buffers = {name: p.detach().to("cpu", copy=True).share_memory_()
@@ -49,7 +49,7 @@ class SharedWeights:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.buffers, self._version, self._lock = state["buffers"], state["version"], None
 
-    def with_lock(self, lock: Any) -> "SharedWeights":
+    def with_lock(self, lock: Any) -> SharedWeights:
         self._lock = lock
         return self
 
