@@ -26,10 +26,10 @@ from rlfactory.errors import ConfigError
 from rlfactory.preflight import check_loaded_recipe
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.schema import Recipe
+from rlfactory.report.run_folder import clear_run_outputs, lock_run_folder, refuse_to_replace, remove_partial_saves
 from rlfactory.trainer.asynchronous.launch import GeneratorLaunch
 from rlfactory.trainer.asynchronous.messages import HelperSpec
 from rlfactory.trainer.resume_changes import check_resume
-from rlfactory.trainer.run_dir import clear_run_outputs, lock_run_folder, refuse_to_replace, remove_partial_saves
 
 logger = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def train_cmd(
     if dry_run:
         _verl(r, dry_run=True, resume=resume)
         return
-    from rlfactory.trainer.run_dir import lock_run_folder, refuse_to_replace
+    from rlfactory.report.run_folder import lock_run_folder, refuse_to_replace
 
     with contextlib.ExitStack() as held:
         try:

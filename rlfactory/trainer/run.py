@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog, reward_summary
+from rlfactory.report.run_folder import clear_run_outputs
 from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.rollout.agent_loop import mix_seed
@@ -43,7 +44,6 @@ from rlfactory.trainer.outage import OutageGuard, Verdict
 from rlfactory.trainer.policy import Policy
 from rlfactory.trainer.progress import StepProgress
 from rlfactory.trainer.resume_changes import check_resume, describe, record_resume
-from rlfactory.trainer.run_dir import clear_run_outputs
 from rlfactory.trainer.update import Update
 
 logger = logging.getLogger(__name__)

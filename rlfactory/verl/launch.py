@@ -36,7 +36,7 @@ from omegaconf import OmegaConf, open_dict
 from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.recipe.schema import Recipe
-from rlfactory.trainer.run_dir import lock_run_folder
+from rlfactory.report.run_folder import lock_run_folder
 from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config, resolve_device
 from rlfactory.verl.records import ATTEMPT_ENV
 from rlfactory.verl.run_folder import (

@@ -1,4 +1,4 @@
-"""One run per run folder (`trainer/run_dir.py`): real `rlfactory train` processes on the tiny setup.
+"""One run per run folder (`report/run_folder.py`): real `rlfactory train` processes on the tiny setup.
 
 - runs started at the same instant into a folder that does not exist yet: one trains, the others exit non-zero
   (naming the holder when they overlap it), and the winner's metrics and checkpoints are whole;
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from run_metrics import rows_of
 
+from rlfactory.report.run_folder import LOCK_FILE, RunFolderBusy, current_holder, lock_run_folder
 from rlfactory.trainer.checkpoint import checkpoint_problem
-from rlfactory.trainer.run_dir import LOCK_FILE, RunFolderBusy, current_holder, lock_run_folder
 
 pytestmark = pytest.mark.timeout(600)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -119,7 +119,7 @@ def test_resume_without_a_checkpoint_says_so_and_starts_from_step_0(tiny_setup_m
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from rlfactory.trainer.run_dir import lock_run_folder
+    from rlfactory.report.run_folder import lock_run_folder
     with lock_run_folder(sys.argv[1]):
         print("held", flush=True)
         time.sleep(600)
@@ -144,7 +144,7 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path, caplog):
             proc.wait(30)
     assert current_holder(out) is None
     # at once: the kernel released it with the process
-    with caplog.at_level(logging.INFO, logger="rlfactory.trainer.run_dir"), lock_run_folder(out):
+    with caplog.at_level(logging.INFO, logger="rlfactory.report.run_folder"), lock_run_folder(out):
         assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
         with lock_run_folder(out):  # re-entrant in one thread (the CLI, then the engine)
             pass
