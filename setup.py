@@ -13,14 +13,18 @@ from setuptools import find_packages, setup
 
 STARTER = {f"rlfactory.starter.{folder}": folder for folder in ("recipes", "mcp_configs", "data", "models", "examples")}
 STARTER_FILES = ["**/*.yaml", "**/*.json", "**/*.jsonl", "**/*.parquet", "**/*.safetensors", "**/*.jinja", "**/*.txt"]
+# Folders of data files only whose names could be packages: listed as packages of their own (setuptools warns about
+# each one it finds in package_data otherwise), each with its own files.
+DATA = {
+    "rlfactory.models.templates": ["*.jinja"],
+    "rlfactory.envs.tools.data": ["*.json", "*.jsonl"],
+    "rlfactory.envs.tools.data.tasks": ["*.jsonl"],
+    "rlfactory.starter.data.quickstart": STARTER_FILES,
+}
 
 setup(
     packages=find_packages(include=["rlfactory", "rlfactory.*"]) + ["rlfactory.rewards", "rlfactory.envs.tools"]
-    + list(STARTER),
+    + list(STARTER) + list(DATA),
     package_dir={"rlfactory.rewards": "rewards", "rlfactory.envs.tools": "envs/tools", **STARTER},
-    package_data={
-        "rlfactory.models": ["templates/*.jinja"],
-        "rlfactory.envs.tools": ["data/*.json", "data/*.jsonl", "data/tasks/*.jsonl"],
-        **{name: STARTER_FILES for name in STARTER},
-    },
+    package_data={**{name: STARTER_FILES for name in STARTER}, **DATA},
 )
