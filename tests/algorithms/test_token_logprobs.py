@@ -41,8 +41,10 @@ def test_chunks_equal_whole_logits(temperature, entropy_grad, bias):
         grads = [hidden.grad] + [p.grad for p in head.parameters()]
         return [lp.detach(), ent.detach()] + [x.clone() for x in grads]
 
+    # float32 sums taken in another order differ by a few ulps of the tensor's largest entry, and which ulps depends
+    # on the CPU's vector width (CI's machine is not this one): the tolerance scales with that entry
     for dense, chunked in zip(run(False), run(True)):
-        torch.testing.assert_close(chunked, dense, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(chunked, dense, rtol=1e-5, atol=1e-5 * max(1.0, float(dense.abs().max())))
 
 
 def _traj(group: int, k: int, prompt: list[int], resp: list[int], mask: list[int]) -> Trajectory:
