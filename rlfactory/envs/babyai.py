@@ -13,6 +13,7 @@ Task sets: `rlfactory` (the default above: our 8 levels, low-level actions) and 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import threading
@@ -128,6 +129,17 @@ class BabyAIEnv:
         self.done = False
         self.score = 0.0
         return StepResult(observation=f"Level: {self.level}\n{self.observe()}", info=self._info())
+
+    def state_key(self) -> str | None:
+        """The level and task, the agent's cell, heading and load, and the grid (doors, moved objects): all a later
+        step depends on but the step count (mcp_server.env_state)."""
+        if self._env is None:
+            return None
+        u = self._env.unwrapped
+        carrying = (u.carrying.type, u.carrying.color) if u.carrying is not None else None
+        grid = hashlib.sha1(u.grid.encode().tobytes()).hexdigest()
+        return repr((self.task_set, self.level, self.task_id, tuple(int(x) for x in u.agent_pos), int(u.agent_dir),
+                     carrying, grid, self.done))
 
     @property
     def mission(self) -> str:

@@ -12,7 +12,8 @@ episodes close, and when the server process ends (stdin EOF, SIGTERM) every epis
 environment behind it (an AgentGym server, which never expires instances) keeps none of them. A process killed
 with SIGKILL closes nothing.
 
-Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}`; a tool
+Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}` (and
+`state`, a hash equal for equal environment states, from an env with `state_key()`); a tool
 result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py` scores `score`. An `EnvError`
 from the environment (e.g. its HTTP server is down or answered an error) is an error result with the message: a
 failed `reset` before the first turn makes the trajectory an error, never an observation the policy reads.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -133,6 +135,15 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: 
     return CallToolResult(content=[TextContent(type="text", text=result.render())], structured_content=structured)
 
 
+def env_state(env: Any) -> str | None:
+    """The episode's state as the `state` field of a result's structured content: a short hash of
+    `env.state_key()`, equal for equal states (what anchor-state turn credit groups turns by,
+    rlfactory/algorithms/turn_credit.py); None for an environment without `state_key` or while it has no task."""
+    key_of = getattr(env, "state_key", None)
+    key = key_of() if key_of is not None else None
+    return None if key is None else hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
 def error_result(error: EnvError) -> CallToolResult:
     """An environment failure as an MCP error result: no step, nothing to score; an infrastructure failure says so
     in its structured content (`INFRA_KEY`)."""
@@ -196,7 +207,8 @@ class EnvServer:
                 return error_result(e)
             if not create:
                 ep.steps += 1
-        return tool_result(result, ep, key)
+            state = env_state(ep.env)
+        return tool_result(result, ep, key, **({} if state is None else {"state": state}))
 
     def run(self) -> None:
         """Serve over stdio until the client goes (stdin EOF) or SIGTERM; close every open episode then."""

@@ -220,6 +220,12 @@ class TextCraftEnv:
         rng.shuffle(self.commands)
         return StepResult(observation=self.observe(), info={"goal": self.goal, "task_id": self.task_id})
 
+    def state_key(self) -> str | None:
+        """The task, the inventory and whether the goal is made: all a later step depends on (mcp_server.env_state)."""
+        if self.goal is None:
+            return None
+        return json.dumps([self.task_set, self.task_id, sorted(self.inventory.items()), self.done])
+
     def observe(self) -> str:
         if self.goal is None:
             return "No task yet: call reset(task_id) first."

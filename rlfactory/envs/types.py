@@ -85,7 +85,11 @@ class StepResult(BaseModel):
 
 
 class Env(Protocol):
-    """One episode of one environment. Not thread-safe: the registry gives each episode to one caller at a time."""
+    """One episode of one environment. Not thread-safe: the registry gives each episode to one caller at a time.
+
+    An environment may also define `state_key() -> str | None`: a string equal for equal states of the episode (None
+    before a task), which the MCP server reports, hashed, as `state` with every reset and step (anchor-state turn
+    credit groups turns by it: docs/algorithms.md)."""
 
     def reset(self, task_id: int) -> StepResult: ...
 

@@ -212,6 +212,10 @@ def cross_field_problems(r: Recipe) -> list[str]:
     if r.engine == "verl" and t.max_staleness_steps > 1:
         p.append(f"trainer.max_staleness_steps is {t.max_staleness_steps}: engine verl trains at most one step off "
                  f"policy (verl's colocate_async trainer); use 0 or 1")
+    if r.engine == "verl" and a.turn_credit.estimator != "none":
+        p.append(f"algorithm.turn_credit.estimator is {a.turn_credit.estimator!r}: engine verl computes one advantage "
+                 f"per trajectory (its own GRPO estimator) and cannot take per-turn advantages yet; use engine: local "
+                 f"or estimator: none")
     if t.eval_samples_per_prompt > 1 and t.eval_temperature == 0:
         p.append(f"trainer.eval_samples_per_prompt is {t.eval_samples_per_prompt} with trainer.eval_temperature 0: "
                  f"greedy samples are identical; set eval_temperature > 0 or eval_samples_per_prompt: 1")

@@ -126,6 +126,20 @@ class OffPolicyConfig(Section):
         return self
 
 
+class TurnCreditConfig(Section):
+    """`algorithm.turn_credit`: one advantage per assistant turn (rlfactory/algorithms/turn_credit.py)."""
+
+    estimator: Literal["none", "returns", "anchors"] = "none"
+    """`none`: one advantage per trajectory (GRPO). `returns`: each turn's return-to-go against the other
+    trajectories of its group that reached the same turn (unbiased when the number of turns varies). `anchors`: the
+    episode's GRPO advantage plus a step advantage against the other trajectories' turns from the same environment
+    state (docs/algorithms.md)."""
+    gamma: float = Field(1.0, gt=0.0, le=1.0)
+    """Discount per turn of the returns-to-go."""
+    anchor_weight: float = Field(1.0, ge=0.0)
+    """`anchors`: weight of the step advantage added to the episode advantage."""
+
+
 class AlgorithmConfig(Section):
     name: Literal["grpo"] = "grpo"
     """Policy-gradient algorithm: GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300)."""
@@ -164,6 +178,8 @@ class AlgorithmConfig(Section):
     """Weight of the entropy bonus (0 = off; computed as a metric either way)."""
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     """Importance correction of asynchronous training (`trainer.max_staleness_steps >= 1`, local engine)."""
+    turn_credit: TurnCreditConfig = Field(default_factory=TurnCreditConfig)
+    """One advantage per assistant turn instead of one per trajectory (local engine; docs/algorithms.md)."""
 
 
 # --------------------------------------------------------------------------------------------------- engine, verl

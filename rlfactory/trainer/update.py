@@ -32,6 +32,7 @@ from rlfactory.algorithms.grpo import (
     trained_on_infra_failures,
 )
 from rlfactory.algorithms.off_policy import CorrectionTotals, correct
+from rlfactory.algorithms.turn_credit import company_fraction, token_advantages, turn_advantages
 from rlfactory.models.loading import pad_id_of
 from rlfactory.recipe.training import OffPolicyConfig
 from rlfactory.rollout.trajectory import Trajectory
@@ -108,7 +109,13 @@ class Update:
         hit = [t.infra_failed for t in trajs]
         kept = exclude_infra_failures(trajs)
         batch = build_batch(kept, pad_id_of(self.policy.tokenizer))  # [N, ...] on CPU
-        advantages = compute_advantages(batch, norm_adv_by_std=self.recipe.algorithm.norm_adv_by_std)  # [N, T]
+        a = self.recipe.algorithm
+        advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
+        if a.turn_credit.estimator != "none":
+            mask = batch.response_mask  # [N, T]
+            episode = ((advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).tolist()  # [N]
+            per_turn = turn_advantages(kept, a.turn_credit, norm_by_std=a.norm_adv_by_std, episode=episode)
+            advantages = token_advantages(kept, per_turn, tuple(mask.shape), mask)  # [N, T]
         has_signal = (advantages != 0).any(-1).tolist()  # [N]
         p_len = batch.prompt_len
         lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),
@@ -217,6 +224,8 @@ class Update:
         out["rollout/trained_tokens"] = float(tokens)
         out["rollout/trained_on_infra_failures"] = float(trained_on_infra)
         out["rollout/rows_with_signal"] = float(rows_with_signal)
+        if self.recipe.algorithm.turn_credit.estimator != "none":
+            out["credit/turns_with_company"] = company_fraction(kept, self.recipe.algorithm.turn_credit)
         if totals is not None:
             out.update(totals.metrics())
         return out
