@@ -49,6 +49,7 @@ bench: install
 	$(PY) bench/tools.py --json bench/results/tools.json
 	$(PY) bench/rollout.py --json bench/results/rollout.json
 	$(PY) bench/envs.py --json bench/results/envs.json
+	$(PY) bench/forks.py --json bench/results/forks.json
 	$(PY) bench/train_step.py --json bench/results/train_step.json
 	$(PY) bench/engines.py --json bench/results/engines.json
 	$(PY) bench/hf_decode.py --json bench/results/hf_decode.json

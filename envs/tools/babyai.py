@@ -45,7 +45,7 @@ def main() -> None:
     es = build_env_server(
         "babyai", lambda: BabyAIEnv(levels, task_set=args.task_set), instructions=instructions,
         reset_doc=reset_doc, step_doc=step_doc,
-        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True)
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True, forkable=True)
     es.run()
 
 

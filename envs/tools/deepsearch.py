@@ -43,7 +43,7 @@ def main() -> None:
         "deepsearch", lambda: DeepSearchEnv(args.corpus, args.questions, args.retriever, args.dense_model),
         instructions=INSTRUCTIONS,
         reset_doc="Start Deep Search question `task_id`. Returns the question.", step_doc=None,
-        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True)
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True, forkable=True)
 
     def search(query: Annotated[str, Field(description="Keywords or a question.")],
                top_k: Annotated[int, Field(description="How many documents to return (1-10).")] = 3,

@@ -35,7 +35,7 @@ def main() -> None:
         reset_doc=reset_doc,
         step_doc="Send one text command to ScienceWorld (e.g. `look around`, `go to kitchen`, `focus on OBJ`). "
                  "Returns the observation, reward (score change, 0-1), score so far and whether it is done.",
-        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s)
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, forkable=True)
     es.run()
 
 

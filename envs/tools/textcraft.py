@@ -38,7 +38,7 @@ def main() -> None:
         step_doc="Play one TextCraft action: `get <count> <item>` for a base item, "
                  "`craft <count> <item> using <count> <item>, <count> <item>` exactly as a crafting command lists "
                  "it, or `inventory`. Returns the observation, reward and whether the task is done.",
-        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True)
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True, forkable=True)
     es.run()
 
 

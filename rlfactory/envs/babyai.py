@@ -13,6 +13,7 @@ Task sets: `rlfactory` (the default above: our 8 levels, low-level actions) and 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import logging
@@ -129,6 +130,16 @@ class BabyAIEnv:
         self.done = False
         self.score = 0.0
         return StepResult(observation=f"Level: {self.level}\n{self.observe()}", info=self._info())
+
+    def fork(self) -> BabyAIEnv:
+        """A copy of the episode: the grid world deep-copied (its random generator too, so the copy draws what the
+        original would), alone in the copy's cache of levels."""
+        twin = copy.copy(self)
+        twin._env = copy.deepcopy(self._env)
+        twin._envs = {self.level: twin._env} if twin._env is not None else {}
+        twin._last_obs = copy.deepcopy(self._last_obs)
+        twin._words = None  # rebuilt from the copy's world by the next observation or step
+        return twin
 
     def state_key(self) -> str | None:
         """The level and task, the agent's cell, heading and load, and the grid (doors, moved objects): all a later

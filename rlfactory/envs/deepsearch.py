@@ -13,6 +13,7 @@ with 2-hop questions, so no answer can come from a model's prior knowledge. Retr
 """
 from __future__ import annotations
 
+import copy
 import re
 import string
 import threading
@@ -161,6 +162,10 @@ class DeepSearchEnv:
         self.row = self.questions[self.task_id % len(self.questions)]
         self.done, self.score, self.searches = False, 0.0, 0
         return StepResult(observation=self.observe(), info=self._info())
+
+    def fork(self) -> DeepSearchEnv:
+        """A copy of the episode (the retriever and questions are shared: searches change nothing in them)."""
+        return copy.copy(self)
 
     def observe(self) -> str:
         if self.row is None:

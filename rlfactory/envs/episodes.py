@@ -110,6 +110,30 @@ class EpisodeRegistry(Generic[E]):
             return raced
         return ep
 
+    def adopt(self, key: str, env: E, *, owner: int | None = None, steps: int = 0) -> Episode[E]:
+        """Register `env` (a fork of another episode) under `key`, a key no open episode has; evicts the least
+        recently used episode when full, as `open` does. Raises KeyError when `key` is taken, RuntimeError when the
+        registry is drained (`env` is not closed: the caller still owns it then)."""
+        self.expire()
+        doomed: list[Episode[E]] = []
+        with self._lock:
+            if self._drained:
+                raise RuntimeError("the environment server is shutting down: no new episode opens")
+            if key in self._episodes:
+                raise KeyError(key)
+            while len(self._episodes) >= self.max_episodes:
+                _, old = self._episodes.popitem(last=False)
+                doomed.append(old)
+                self.evicted_total += 1
+            ep = Episode(key=key, env=env, last_used_s=self._clock(), steps=steps, owner=owner)
+            self._episodes[key] = ep
+            self.opened_total += 1
+        for old in doomed:
+            logger.warning("episode registry full (%d): evicting least recently used episode %r",
+                           self.max_episodes, old.key)
+            self._release(old)
+        return ep
+
     def get(self, key: str) -> Episode[E] | None:
         """The open episode under `key` (and mark it used), or None."""
         with self._lock:

@@ -1,4 +1,6 @@
-"""Serve an `Env` as a stateful MCP server: tools `reset`, `step`, `observe`, `close` over an `EpisodeRegistry`.
+"""Serve an `Env` as a stateful MCP server: tools `reset`, `step`, `observe`, `close` over an `EpisodeRegistry`, and
+`fork` (copy an episode into a new one) for environments that can (`forkable`), listed as loop-only so that the
+policy never sees it.
 
 The one module of the library that imports the MCP *server* SDK (the client side lives in `rlfactory/tools`).
 
@@ -40,7 +42,7 @@ from pydantic import Field
 
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
 from rlfactory.envs.types import Env, EnvError, StepResult
-from rlfactory.tools.types import HEALTH_URI, INFRA_KEY
+from rlfactory.tools.types import HEALTH_URI, INFRA_KEY, LOOP_ONLY_META
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ EPISODE_ID_DOC = ("Episode to act on. Filled in by rlfactory with the trajectory
 EpisodeId = Annotated[str, Field(description=EPISODE_ID_DOC)]
 """The `episode_id` parameter every episode tool takes (its description lands in the tool's input schema)."""
 _ENV_TOOL = ToolAnnotations(read_only_hint=False, idempotent_hint=False, destructive_hint=False)
+FORK_DOC = ("Copy this episode into a new episode `into` that goes on from the same state on its own (rlfactory "
+            "calls it to branch a group; the policy never sees it). Returns the copy's observation.")
 SHUTDOWN_CLOSE_S = 2.0
 """Per request, when the server closes its episodes on the way out (an MCP client waits 2 s after closing stdin
 before SIGTERM, and 2 s more before SIGKILL)."""
@@ -172,8 +176,9 @@ class EnvServer:
         def episode_stats() -> str:
             return json.dumps(self.registry.stats())
 
-    def add_tool(self, fn: Callable[..., CallToolResult], doc: str) -> None:
-        """Register an episode tool; every such tool takes `episode_id` and is never cacheable."""
+    def add_tool(self, fn: Callable[..., CallToolResult], doc: str, *, loop_only: bool = False) -> None:
+        """Register an episode tool; every such tool takes `episode_id` and is never cacheable. `loop_only`: listed
+        with `_meta["rlfactory/loop_only"]`, so rlfactory's rollout loop calls it and never shows it to the policy."""
         fn.__doc__ = doc
         if self.inline:
             # CPU-bound pure-Python envs gain nothing from the SDK's worker threads (the GIL), only a thread hop per
@@ -184,7 +189,8 @@ class EnvServer:
             async def fn(*args: Any, **kwargs: Any) -> CallToolResult:
                 return sync_fn(*args, **kwargs)
 
-        self.server.add_tool(fn, annotations=_ENV_TOOL, structured_output=False)
+        self.server.add_tool(fn, annotations=_ENV_TOOL, structured_output=False,
+                             meta={LOOP_ONLY_META: True} if loop_only else None)
 
     def act(self, episode_id: str, ctx: Context | None, fn: Callable[[Any], StepResult], *,
             create: bool = False) -> CallToolResult:
@@ -209,6 +215,34 @@ class EnvServer:
                 ep.steps += 1
             state = env_state(ep.env)
         return tool_result(result, ep, key, **({} if state is None else {"state": state}))
+
+    def fork(self, episode_id: str, into: str, ctx: Context | None) -> CallToolResult:
+        """Copy the caller's episode into a new episode named `into` (`Env.fork`), owned by the same connection;
+        the copy's observation, score and state as the result."""
+        key = self.keys.key(episode_id, ctx)
+        if not into:
+            return tool_result(StepResult(observation="fork needs `into`, the new episode's id."), None, key)
+        into_key = self.keys.key(into, None)
+        ep = self.registry.get(key)
+        if ep is None:
+            return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+        with ep.lock:
+            try:
+                env = ep.env.fork()
+            except EnvError as e:
+                return error_result(e)
+            owner, steps = ep.owner, ep.steps
+        result = StepResult(observation=env.observe(), score=getattr(env, "score", 0.0),
+                            done=bool(getattr(env, "done", False)), info={"task_id": getattr(env, "task_id", None)})
+        try:
+            new = self.registry.adopt(into_key, env, owner=owner, steps=steps)
+        except (KeyError, RuntimeError) as e:
+            getattr(env, "close", lambda: None)()
+            if isinstance(e, RuntimeError):
+                return error_result(ServerStopping(str(e)))
+            return error_result(EnvError(f"episode {into!r} is open already: fork into a new id"))
+        state = env_state(env)
+        return tool_result(result, new, into_key, **({} if state is None else {"state": state}))
 
     def run(self) -> None:
         """Serve over stdio until the client goes (stdin EOF) or SIGTERM; close every open episode then."""
@@ -294,6 +328,7 @@ def build_env_server(
     idle_timeout_s: float = 900.0,
     inline: bool = False,
     health: Callable[[], tuple[bool, str]] | None = None,
+    forkable: bool = False,
 ) -> EnvServer:
     """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`step_doc=None`: no
     generic `step` tool; the caller adds its own action tools with `EnvServer.add_tool`). `inline`: run the tools
@@ -341,6 +376,12 @@ def build_env_server(
         es.add_tool(step, step_doc)
     es.add_tool(observe, "Show the current observation again without acting.")
     es.add_tool(close, "End the episode and free its resources (rlfactory calls this when a trajectory ends).")
+    if forkable:
+        def fork(into: Annotated[str, Field(description="The new episode's id.")], episode_id: EpisodeId = "",
+                 ctx: Context | None = None) -> CallToolResult:
+            return es.fork(episode_id, into, ctx)
+
+        es.add_tool(fork, FORK_DOC, loop_only=True)
     return es
 
 

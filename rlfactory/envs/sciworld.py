@@ -11,6 +11,7 @@ reused across resets of the same episode; the MCP server bounds the number of op
 Task set `agentgym`: AgentGym's SciWorld server numbers its tasks as one flat list, task by task in ScienceWorld's
 order and every variation of each, leaving out the task ids in `AGENTGYM_EXCLUDED`; task `idx` is entry `idx` (no
 wrap-around: past the end is an error). The reward stays on our 0-1 scale (AgentGym reports ScienceWorld's 0-100).
+`fork` replays an episode in a new simulator (ScienceWorld has no snapshot): a JVM's start-up and a step per action.
 Left out: gold-path generation for the policy (tests generate it in their own process).
 """
 from __future__ import annotations
@@ -55,6 +56,8 @@ class SciWorldEnv:
         self.done = False
         self.score = 0.0
         self._last_obs = ""
+        self._actions: list[str] = []
+        """The actions sent since the last reset (a fork replays them)."""
 
     def _sim(self):
         if self._env is None:
@@ -93,11 +96,35 @@ class SciWorldEnv:
             self.variation = (self.task_id // len(self.tasks)) % max(n_var, 1)
         sim.load(self.task_name, self.variation, self.simplifications)
         obs, _ = sim.reset()
+        self._actions = []
         self.done = False
         self.score = 0.0
         self._last_obs = obs
         text = f"{sim.get_task_description()}\n\n{obs}"
         return StepResult(observation=text, info=self._info())
+
+    def fork(self) -> SciWorldEnv:
+        """A copy of the episode: ScienceWorld's simulator has no snapshot, so a new simulator (a JVM of its own)
+        loads the same task and variation and replays the episode's actions. Raises EnvError when the replay does not
+        reach the same room, inventory, score and end (a simulator that drew something at random)."""
+        if self._env is None or self.task_name is None:
+            raise EnvError("No task yet: call reset(task_id) before fork.")
+        twin = SciWorldEnv(self._tasks, self.simplifications, self.step_limit, self.task_set)
+        twin._games = self._games
+        try:
+            twin.reset(self.task_id)
+            for action in self._actions:
+                twin.step(action)
+            same = (twin.score, twin.done, twin._env.look(), twin._env.inventory()) == (
+                self.score, self.done, self._env.look(), self._env.inventory())
+        except Exception:
+            twin.close()
+            raise
+        if not same:
+            twin.close()
+            raise EnvError(f"SciWorld task {self.task_id}: replaying the episode's {len(self._actions)} actions did "
+                           f"not reach the same state, so it cannot be forked")
+        return twin
 
     def observe(self) -> str:
         if self._env is None or self.task_name is None:
@@ -111,6 +138,7 @@ class SciWorldEnv:
             return StepResult(observation="The episode is over. Call reset for a new task.", score=self.score,
                               done=True, info=self._info())
         action = " ".join(action.strip().split())
+        self._actions.append(action)
         obs, delta, completed, info = self._env.step(action)
         raw_score = int(info.get("score", 0))
         self.done = bool(completed)

@@ -22,6 +22,7 @@ Left out: tag-based ingredients ("any planks"), and smelting.
 """
 from __future__ import annotations
 
+import copy
 import json
 import random
 import re
@@ -219,6 +220,13 @@ class TextCraftEnv:
         self.commands = sorted(needed_cmds) + distractors
         rng.shuffle(self.commands)
         return StepResult(observation=self.observe(), info={"goal": self.goal, "task_id": self.task_id})
+
+    def fork(self) -> TextCraftEnv:
+        """A copy of the episode (the recipe books are shared: nothing changes them)."""
+        twin = copy.copy(self)
+        twin.inventory = dict(self.inventory)
+        twin.commands = list(self.commands)
+        return twin
 
     def state_key(self) -> str | None:
         """The task, the inventory and whether the goal is made: all a later step depends on (mcp_server.env_state)."""

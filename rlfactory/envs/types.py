@@ -89,7 +89,8 @@ class Env(Protocol):
 
     An environment may also define `state_key() -> str | None`: a string equal for equal states of the episode (None
     before a task), which the MCP server reports, hashed, as `state` with every reset and step (anchor-state turn
-    credit groups turns by it: docs/algorithms.md)."""
+    credit groups turns by it: docs/algorithms.md), and `fork() -> Env`: a copy of the episode that goes on from the
+    same state without touching this one (served as the loop-only `fork` tool; docs/environments.md, "Forking")."""
 
     def reset(self, task_id: int) -> StepResult: ...
 

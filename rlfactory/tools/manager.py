@@ -144,6 +144,7 @@ class ToolManager:
         self.servers: dict[str, ToolServer] = {}
         self._routes: dict[str, _Route] = {}
         self._specs: list[ToolSpec] = []
+        self._loop_specs: list[ToolSpec] = []
         self._flight = SingleFlight()
         self._started = False
         self.reset_metrics()
@@ -194,7 +195,7 @@ class ToolManager:
 
     def _build_routes(self) -> None:
         counts = Counter(spec.tool for s in self.servers.values() for spec in s.tools)
-        self._routes, self._specs = {}, []
+        self._routes, self._specs, self._loop_specs = {}, [], []
         for server in self.servers.values():
             info = server.server_info
             identity = f"{server.cfg.identity()}|{info.get('name', '')}|{info.get('version', '')}"
@@ -204,7 +205,7 @@ class ToolManager:
                 route = _Route(exposed, server, identity)
                 self._routes[exposed.name] = route
                 self._routes.setdefault(qualified, route)
-                self._specs.append(exposed)
+                (self._loop_specs if exposed.loop_only else self._specs).append(exposed)
 
     async def close(self) -> None:
         """Stop every server; stdio server processes are gone when this returns."""
@@ -215,8 +216,14 @@ class ToolManager:
     # -- what the policy sees ----------------------------------------------------------------------------------------
     @property
     def specs(self) -> list[ToolSpec]:
-        """Every tool, named as the model must call it."""
+        """Every tool the policy may call, named as the model must call it."""
         return list(self._specs)
+
+    @property
+    def loop_specs(self) -> list[ToolSpec]:
+        """The tools only the rollout loop calls (`ToolSpec.loop_only`: an environment's `fork`), never shown to the
+        policy; `call` runs them like any other."""
+        return list(self._loop_specs)
 
     def openai_schemas(self) -> list[dict[str, Any]]:
         """Function-calling schemas for the chat template's system turn."""

@@ -36,7 +36,7 @@ from rlfactory import __version__
 from rlfactory.errors import ToolServerError
 from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.stdio_transport import REPLY_TOO_LARGE, REPLY_UNREADABLE, base_environment, stdio_transport
-from rlfactory.tools.types import INFRA_KEY, ToolResult, ToolSpec
+from rlfactory.tools.types import INFRA_KEY, LOOP_ONLY_META, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ def to_tool_spec(tool: Any, server: str) -> ToolSpec:
         input_schema=tool.input_schema or {"type": "object", "properties": {}},
         read_only=bool(ann and ann.read_only_hint),
         idempotent=bool(ann and ann.idempotent_hint),
+        loop_only=isinstance(tool.meta, dict) and tool.meta.get(LOOP_ONLY_META) is True,
     )
 
 

@@ -18,6 +18,10 @@ AgentGym server behind the bridge is unreachable) with structured content `{INFR
 turns it into `ToolResult.infra`, so the trainer keeps the trajectory out of the loss."""
 
 
+LOOP_ONLY_META = "rlfactory/loop_only"
+"""A tool's `_meta` key saying the rollout loop calls it and the policy must not see it (`ToolSpec.loop_only`)."""
+
+
 class ToolSpec(BaseModel):
     """A tool as the policy sees it. `name` is what the model must call: the bare tool name when unique across
     servers, else the qualified `server.tool`."""
@@ -30,6 +34,9 @@ class ToolSpec(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     read_only: bool = False
     idempotent: bool = False
+    loop_only: bool = False
+    """The rollout loop calls it, the policy never sees it (`_meta["rlfactory/loop_only"]: true` in the server's
+    tool list; an environment's `fork`)."""
 
     def to_openai(self) -> dict[str, Any]:
         """The function-calling schema that chat templates (Qwen3, Hermes) render into the system turn."""
