@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from rlfactory.envs.protocol import takes_episode
 from rlfactory.errors import ConfigError
 from rlfactory.models.loading import pad_id_of
 from rlfactory.recipe.schema import Recipe
@@ -63,10 +64,26 @@ async def start_tool_side(recipe: Recipe, tokenizer: Any, run_dir: str | Path, o
         chat = ChatFormat.for_rollout(tokenizer, tools.openai_schemas() if tools else None, recipe.rollout)
         if tools is not None:
             check_tool_schemas_fit(recipe, tokenizer, chat, tools.specs)
+            check_can_branch(recipe, tools.specs, tools.loop_specs)
     except BaseException:
         await close_tool_side(tools, cache)
         raise
     return cache, tools, rewards, chat
+
+
+def check_can_branch(recipe: Recipe, specs: list[ToolSpec], loop_specs: list[ToolSpec]) -> None:
+    """With `rollout.branching`, every environment server (a tool taking `episode_id`) must list the loop-only
+    `fork` tool; refused before any rollout otherwise. Stateless tools need nothing: a branch shares its root's
+    calls and their results."""
+    if recipe.rollout.branching.width <= 1:
+        return
+    holding = {s.server for s in specs if takes_episode(s)}
+    forking = {s.server for s in loop_specs if s.tool == "fork" and takes_episode(s)}
+    if holding - forking:
+        raise ConfigError(f"rollout.branching: environment server(s) {', '.join(sorted(holding - forking))} cannot "
+                          f"fork an episode (no `fork` tool in their tool list), so a group cannot branch in them; "
+                          f"set rollout.branching.width: 1 or serve them with fork (docs/environments.md, "
+                          f"\"Forking an episode\")", file=recipe.source)
 
 
 async def close_tool_side(tools: ToolManager | None, cache: ToolCache | None) -> None:

@@ -64,7 +64,8 @@ async def _run(r: Recipe, tasks_path: Path, out: Path, html: Path | None, *, lim
     horizon = horizon_for_step(r.rollout.horizon, step)
     with tempfile.TemporaryDirectory(prefix="rlfactory-rollout-") as scratch:  # the embedded tool cache's file
         async with open_rollout_side(r, model, tokenizer, device, scratch) as side:
-            trajs, metrics = await side.loop.run_batch(tasks, samples_per_prompt=samples, horizon=horizon, seed=seed)
+            trajs, metrics = await side.loop.run_batch(tasks, samples_per_prompt=samples, horizon=horizon, seed=seed,
+                                                       branching=True)
             if rewards and r.rewards.functions:
                 metrics.update(await side.rewards.score(trajs))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@
 3. `ends_episode`: a tool result whose structured content says `done: true` ends the trajectory.
 4. `close_calls`: when a trajectory ends, close the episodes it opened (one `close` call per environment server it
    touched), so nothing waits for idle expiry.
-5. `reset_call`: optionally open the task's episode before the first turn from the row's `env` metadata
+5. `fork_calls`: copy a trajectory's episodes into another trajectory's (a branched group), on servers that list
+   the loop-only `fork` tool.
+6. `reset_call`: optionally open the task's episode before the first turn from the row's `env` metadata
    (`{"server": "textcraft", "task_id": 3}`), AgentGym-style, and show its observation in the prompt.
 
 Works on rlfactory's own records (ToolSpec, ToolCall, ToolResult); imports nothing from the MCP SDK.
@@ -61,6 +63,19 @@ def close_calls(specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_
     used = set(used_servers)
     return [ToolCall(name=s.name, arguments={EPISODE_ARG: episode_id})
             for s in specs if s.server in used and s.tool == "close" and takes_episode(s)]
+
+
+def fork_calls(loop_specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_id: str,
+               into: str) -> list[ToolCall]:
+    """One `fork` call per environment server in `used_servers`: copy episode `episode_id` into `into`. Raises
+    ValueError naming a server that has no loop-only `fork` tool (it cannot branch)."""
+    forks = {s.server: s for s in loop_specs if s.tool == "fork" and takes_episode(s)}
+    missing = sorted(set(used_servers) - set(forks))
+    if missing:
+        raise ValueError(f"environment server(s) {', '.join(missing)} cannot fork an episode (no `fork` tool): "
+                         f"a branched group needs every environment it plays to fork")
+    return [ToolCall(name=forks[server].name, arguments={EPISODE_ARG: episode_id, "into": into})
+            for server in sorted(set(used_servers))]
 
 
 def task_env(task: dict[str, Any]) -> Any:

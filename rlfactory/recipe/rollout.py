@@ -47,6 +47,17 @@ class ScalingInterHorizon(Section):
 HorizonConfig = Annotated[Union[FixedHorizon, ScalingInterHorizon], Field(discriminator="type")]
 
 
+class BranchingConfig(Section):
+    """`rollout.branching`: a training group grown as a tree (rlfactory/rollout/agent_loop.py, `run_group`)."""
+
+    width: int = Field(1, ge=1)
+    """Branches per root: `samples_per_prompt / width` roots play the first `at_turn` turns, then each root's episode
+    is forked (the environment servers' `fork`) into `width` branches that play on from the same state. 1 = no
+    branching: every sample starts from the task's first observation."""
+    at_turn: int = Field(1, ge=1)
+    """Assistant turns (with their tool results) the roots play before they branch."""
+
+
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: `hf` (transformers, CPU or one GPU) or `vllm` (needs the gpu or cpu-vllm extra)."""
@@ -86,3 +97,6 @@ class RolloutConfig(Section):
     """Optional system prompt placed before the tool descriptions."""
     max_concurrent_trajectories: int = Field(256, ge=1)
     """Upper bound on trajectories in flight at once."""
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    """Training groups as trees: roots that branch from forked environment states (local engine; `width: 1`, the
+    default, is off). docs/algorithms.md, "Branched groups"."""

@@ -216,6 +216,21 @@ def cross_field_problems(r: Recipe) -> list[str]:
         p.append(f"algorithm.turn_credit.estimator is {a.turn_credit.estimator!r}: engine verl computes one advantage "
                  f"per trajectory (its own GRPO estimator) and cannot take per-turn advantages yet; use engine: local "
                  f"or estimator: none")
+    br = ro.branching
+    if br.width > 1:
+        if ro.samples_per_prompt % br.width:
+            p.append(f"rollout.branching.width ({br.width}) must divide rollout.samples_per_prompt "
+                     f"({ro.samples_per_prompt}): each root branches into `width` samples of the group")
+        if r.engine == "verl":
+            p.append("rollout.branching: engine verl samples each trajectory on its own and cannot grow a group as a "
+                     "tree; use engine: local or rollout.branching.width: 1")
+        if a.turn_credit.estimator != "none":
+            p.append(f"rollout.branching with algorithm.turn_credit.estimator {a.turn_credit.estimator!r}: a branched "
+                     f"group's advantages are per branch point (docs/algorithms.md) and do not combine with turn "
+                     f"credit yet; choose one")
+        if br.at_turn >= horizon:
+            p.append(f"rollout.branching.at_turn ({br.at_turn}) must be below the horizon ({horizon} turns): the "
+                     f"roots would end before they branch")
     if t.eval_samples_per_prompt > 1 and t.eval_temperature == 0:
         p.append(f"trainer.eval_samples_per_prompt is {t.eval_samples_per_prompt} with trainer.eval_temperature 0: "
                  f"greedy samples are identical; set eval_temperature > 0 or eval_samples_per_prompt: 1")

@@ -1,6 +1,7 @@
 """A self-contained HTML transcript viewer: one file (inline CSS and JS, no external assets) that opens in any browser.
 
-Each trajectory shows its prompt, its turns (policy tokens highlighted, tool/template tokens greyed: the loss mask
+A branched group (`rollout.branching`) is shown as a tree above its trajectories (roots, branches, rewards), and a
+later branch folds the turns it shares with its root. Each trajectory shows its prompt, its turns (policy tokens highlighted, tool/template tokens greyed: the loss mask
 made visible), the tool calls with arguments, latency, cache hits and errors, the finish reason, and the reward with
 its components when present. Filters narrow the list by finish reason, reward range and text; a toggle switches a
 trajectory to a per-token view (one box per token, coloured by its mask bit) when token texts were supplied.
@@ -52,6 +53,8 @@ main{padding:12px 16px}
 .tok.m1{background:#d7e8ff}.tok.m0{background:#e6e6e6;color:#666}
 .tokens{display:none}.show-tokens .tokens{display:block}.show-tokens .turns{display:none}
 details{margin:4px 0}summary{cursor:pointer;font-size:13px;color:#333}
+.tree{background:#fff;border:1px dashed #8a94a6;border-radius:6px;margin:0 0 10px;padding:6px 12px;font-size:13px}
+.tree ul{margin:2px 0;padding-left:18px}.turn.shared{border-left-style:dashed}
 """
 
 _JS = """
@@ -154,6 +157,9 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
         meta.append(f"task {_e(t.task_id)}")
     if t.group_id is not None:
         meta.append(f"group {_e(t.group_id)} #{t.sample_index}")
+    b = t.branch
+    if b is not None:
+        meta.append(f"root {b.root} · branch {b.child} · {b.prefix_turns} turns ({b.prefix_tokens} tokens) shared")
     meta.append(f"reward <b>{_e(reward or '–')}</b>")
     if t.reward_components:
         comps = ", ".join(f"{k}={v:.4g}" for k, v in t.reward_components.items())
@@ -182,15 +188,23 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
     calls_by_turn: dict[int, list[Any]] = {}
     for c in t.tool_calls:
         calls_by_turn.setdefault(c.turn, []).append(c)
-    turns_html, assistant_index = [], 0
+    turns_html, shared_html, assistant_index = [], [], 0
+    shared_end = b.prefix_tokens if b is not None else 0
     for span in t.turns:
         mask_cls = _span_mask_class(t.loss_mask[span.start:span.end])
         who = "assistant (policy tokens, mask 1)" if span.role == "assistant" else "tool / template (mask 0)"
+        shared = span.end <= shared_end
+        if shared:
+            who += " · the root's, shared by its branches"
         body = f'<div class="who">{_e(who)} · tokens {span.start}–{span.end}</div><pre>{_e(span.text)}</pre>'
         if span.role == "assistant":
             body += _render_calls(calls_by_turn.get(assistant_index, []))
             assistant_index += 1
-        turns_html.append(f'<div class="turn {span.role} {mask_cls}">{body}</div>')
+        (shared_html if shared and b is not None and b.child > 0 else turns_html).append(
+            f'<div class="turn {span.role} {mask_cls}{" shared" if shared else ""}">{body}</div>')
+    if shared_html:  # a later branch: its root's turns folded (branch 0 shows them)
+        turns_html.insert(0, f'<details><summary>the root\'s {b.prefix_turns} turns (shared)</summary>'
+                             f'{"".join(shared_html)}</details>')
     parts.append(f'<div class="turns">{"".join(turns_html)}</div>')
 
     if token_text is not None:
@@ -224,6 +238,31 @@ def token_text_of(tokenizer: Any | None) -> Callable[[int], str] | None:
     return lambda tid: tokenizer.decode([tid], skip_special_tokens=False)
 
 
+def _trees(trajs: list[Trajectory]) -> dict[int, str]:
+    """For each branched group, its tree (roots, their branches with reward and finish, linked), keyed by the index of
+    the group's first trajectory: shown above it."""
+    groups: dict[str | None, list[int]] = {}
+    for i, t in enumerate(trajs):
+        if t.branch is not None:
+            groups.setdefault(t.group_id, []).append(i)
+    out = {}
+    for gid, members in groups.items():
+        roots: dict[int, list[int]] = {}
+        for i in members:
+            roots.setdefault(trajs[i].branch.root, []).append(i)
+        items = []
+        for r, leaves in sorted(roots.items()):
+            first = trajs[leaves[0]].branch
+            branches = "".join(
+                f'<li><a href="#t{i}">branch {trajs[i].branch.child}</a> · {_e(trajs[i].finish_reason)} · reward '
+                f'{_e("–" if trajs[i].reward is None else f"{trajs[i].reward:.4g}")} · '
+                f"{trajs[i].num_turns - first.prefix_turns} turns of its own</li>" for i in leaves)
+            items.append(f"<li>root {r}: {first.prefix_turns} turns shared ({first.prefix_tokens} tokens)"
+                         f"<ul>{branches}</ul></li>")
+        out[members[0]] = f'<div class="tree"><b>group {_e(gid)}</b> as a tree<ul>{"".join(items)}</ul></div>'
+    return out
+
+
 def render_html(
     trajectories: Iterable[Trajectory], *, title: str = "rlfactory rollouts",
     token_text: Callable[[int], str] | None = None,
@@ -242,7 +281,8 @@ def render_html(
         '<label>reward ≤ <input id="f-rmax" type="number" step="any" size="5"></label>'
         '<label>text <input id="f-text" type="search" size="18"></label><span id="count"></span>'
     )
-    body = "".join(_render_trajectory(i, t, token_text) for i, t in enumerate(trajs))
+    trees = _trees(trajs)
+    body = "".join(trees.get(i, "") + _render_trajectory(i, t, token_text) for i, t in enumerate(trajs))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

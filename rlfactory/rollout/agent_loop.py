@@ -30,6 +30,7 @@ import logging
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_args
 
 from rlfactory.recipe.rollout import RolloutConfig
@@ -37,7 +38,7 @@ from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
 from rlfactory.rollout.horizon import horizon_for_step
-from rlfactory.rollout.trajectory import FinishReason, ToolCallRecord, Trajectory, TurnSpan
+from rlfactory.rollout.trajectory import Branch, FinishReason, ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
 from rlfactory.tools.format import parse_tool_calls, response_text
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
@@ -77,8 +78,23 @@ class _Builder:
         t.turns.append(TurnSpan(role=role, start=start, end=len(t.response_ids), text=text))  # type: ignore[arg-type]
 
 
+@dataclass
+class _Live:
+    """A trajectory being played: its record, its episodes, its seconds so far, and whether it goes on."""
+
+    traj: Trajectory
+    env: EpisodeBinding
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tools_s": 0.0, "total_s": 0.0})
+    going: bool = True
+
+
+def _trajectory_id(task: dict[str, Any], group_id: str | None, sample_index: int) -> str:
+    return f"{group_id or task.get('id') or 'task'}/{sample_index}"
+
+
 class AgentLoop:
-    """Runs trajectories for tasks: `await loop.run_batch(tasks)` or `await loop.run_one(task, ...)`."""
+    """Runs trajectories for tasks: `await loop.run_batch(tasks)`, `await loop.run_group(task, n, ...)` (one GRPO
+    group, flat or branched) or `await loop.run_one(task, ...)`."""
 
     def __init__(self, engine: GenerationEngine, tools: "ToolManager | None", chat: ChatFormat, cfg: RolloutConfig):
         self.engine = engine
@@ -135,22 +151,36 @@ class AgentLoop:
     ) -> Trajectory:
         """Roll out one trajectory for `task` (`prompt`: a string or chat messages; optional `id`, `answer`,
         `metadata`, `system_prompt`). Never raises for rollout failures: they come back as finish_reason="error"."""
-        t_start = time.perf_counter()
         horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
+        live = self._start(task, sample_index, group_id, horizon)
+        await self._play(live, task, horizon, sampling, seed)
+        return await self._end(live)
+
+    def _start(self, task: dict[str, Any], sample_index: int, group_id: str | None, horizon: int) -> _Live:
         task_id = None if task.get("id") is None else str(task["id"])
         traj = Trajectory(
-            id=f"{group_id or task_id or 'task'}/{sample_index}", task_id=task_id, sample_index=sample_index,
+            id=_trajectory_id(task, group_id, sample_index), task_id=task_id, sample_index=sample_index,
             group_id=group_id, prompt_ids=[], task=dict(task), horizon=horizon,
         )
-        timings = {"generate_s": 0.0, "tools_s": 0.0}
-        env = EpisodeBinding(self._specs() or {}, new_episode_id(traj.id))
+        return _Live(traj, EpisodeBinding(self._specs() or {}, new_episode_id(traj.id)))
+
+    async def _play(self, live: _Live, task: dict[str, Any] | None, horizon: int, sampling: SamplingParams | None,
+                    seed: int | None, *, start: int = 0, stop: int | None = None) -> bool:
+        """Open the episode (when `task` is given: the trajectory's start) and play turns `start`.. until the
+        trajectory ends, or up to turn `stop` (then True: it paused there, still going). A failure ends it as an
+        error, recorded on the trajectory."""
+        traj, t0 = live.traj, time.perf_counter()
         try:
-            traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
-            observation = await env.open(task, self.tools)
-            if observation is not None:  # part of the prompt: rendered once by the template, never a delta
-                traj.messages.append({"role": "user", "content": self._truncate(self.chat.neutralize(observation))})
-            traj.prompt_ids = self.chat.prompt_ids(traj.messages)
-            await self._turns(traj, horizon, sampling or self.default_sampling(), seed, timings, env)
+            if task is not None:
+                traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
+                observation = await live.env.open(task, self.tools)
+                if observation is not None:  # part of the prompt: rendered once by the template, never a delta
+                    traj.messages.append({"role": "user",
+                                          "content": self._truncate(self.chat.neutralize(observation))})
+                traj.prompt_ids = self.chat.prompt_ids(traj.messages)
+            live.going = await self._turns(traj, horizon, sampling or self.default_sampling(), seed, live.timings,
+                                           live.env, start=start, stop=stop)
+            return live.going
         except asyncio.CancelledError:
             raise  # no close: the servers' idle expiry frees a cancelled trajectory's episodes
         except Exception as e:  # a failed rollout is data: recorded and counted, the batch goes on
@@ -158,28 +188,103 @@ class AgentLoop:
             traj.error = f"{type(e).__name__}: {e}"
             logger.warning("trajectory %s failed: %s", traj.id, traj.error)
             logger.debug("trajectory %s traceback:\n%s", traj.id, traceback.format_exc())
-        await env.close(self.tools)
-        timings["total_s"] = time.perf_counter() - t_start
-        traj.timings = timings
-        return traj
+            live.going = False
+            return False
+        finally:
+            live.timings["total_s"] += time.perf_counter() - t0
+
+    async def _end(self, live: _Live) -> Trajectory:
+        t0 = time.perf_counter()
+        await live.env.close(self.tools)
+        live.timings["total_s"] += time.perf_counter() - t0
+        live.traj.timings = dict(live.timings)
+        return live.traj
+
+    # ---- one group ------------------------------------------------------------------------------------------
+    async def run_group(self, task: dict[str, Any], n: int, *, group_id: str | None, horizon: int,
+                        seeds: list[int | None], sampling: SamplingParams | None = None,
+                        gate: asyncio.Semaphore | None = None, branching: bool = True) -> list[Trajectory]:
+        """One GRPO group of `n` trajectories for `task`, in sample order (`seeds[k]`: sample k's). Independent
+        samples, or, with `rollout.branching.width` > 1 (and `branching`), a tree: `n / width` roots play the first
+        `at_turn` turns, then each root's episodes are forked and `width` branches play on from there, the root's
+        tokens shared (`Trajectory.branch`). `gate` bounds the trajectories in flight."""
+        gate = gate or asyncio.Semaphore(n)
+        b = self.cfg.branching
+        if not branching or b.width <= 1:
+            async def one(k: int) -> Trajectory:
+                async with gate:
+                    return await self.run_one(task, sample_index=k, group_id=group_id, horizon=horizon,
+                                              sampling=sampling, seed=seeds[k])
+
+            return list(await asyncio.gather(*(one(k) for k in range(n))))
+        if n % b.width:
+            raise ValueError(f"a group of {n} cannot branch {b.width} ways per root: rollout.samples_per_prompt must "
+                             f"be a multiple of rollout.branching.width")
+        trees = await asyncio.gather(*(self._tree(task, r, group_id, horizon, seeds, sampling, gate)
+                                       for r in range(n // b.width)))
+        return [t for tree in trees for t in tree]
+
+    async def _tree(self, task: dict[str, Any], r: int, group_id: str | None, horizon: int,
+                    seeds: list[int | None], sampling: SamplingParams | None,
+                    gate: asyncio.Semaphore) -> list[Trajectory]:
+        """Root `r` of a branched group and its branches (samples r*width .. r*width + width - 1)."""
+        width, at_turn = self.cfg.branching.width, self.cfg.branching.at_turn
+        k0 = r * width
+        async with gate:
+            root = self._start(task, k0, group_id, horizon)
+            await self._play(root, task, horizon, sampling, seeds[k0], stop=at_turn)
+        point = Branch(root=r, child=0, prefix_tokens=len(root.traj.response_ids),
+                       prefix_turns=root.traj.num_turns)
+        lives = [root] + [await self._branch(root, point, c, k0 + c) for c in range(1, width)]
+        root.traj.branch = point
+
+        async def play_on(live: _Live, k: int) -> None:
+            if live.going:
+                async with gate:
+                    await self._play(live, None, horizon, sampling, seeds[k], start=at_turn)
+
+        await asyncio.gather(*(play_on(live, k0 + c) for c, live in enumerate(lives)))
+        return [await self._end(live) for live in lives]
+
+    async def _branch(self, root: _Live, point: Branch, child: int, k: int) -> _Live:
+        """Branch `child` of `root` (sample `k`): the root's trajectory so far, in forks of its episodes."""
+        task = root.traj.task
+        traj = root.traj.model_copy(deep=True, update={
+            "id": _trajectory_id(task, root.traj.group_id, k), "sample_index": k,
+            "branch": point.model_copy(update={"child": child}), "timings": {}})
+        live = _Live(traj, EpisodeBinding(self._specs() or {}, new_episode_id(traj.id)), going=root.going)
+        if live.going:
+            t0 = time.perf_counter()
+            try:
+                live.env = await root.env.fork(self.tools, live.env.episode_id)
+            except Exception as e:  # the branch fails alone; its siblings go on
+                traj.finish_reason, traj.error = "error", f"{type(e).__name__}: {e}"
+                logger.warning("trajectory %s could not branch: %s", traj.id, traj.error)
+                live.going = False
+            live.timings["tools_s"] += time.perf_counter() - t0
+        return live
 
     async def _turns(self, traj: Trajectory, horizon: int, sampling: SamplingParams, seed: int | None,
-                     timings: dict[str, float], env: EpisodeBinding) -> None:
+                     timings: dict[str, float], env: EpisodeBinding, *, start: int = 0, stop: int | None = None
+                     ) -> bool:
+        """Turns `start`.. of `traj`; True when it paused before turn `stop` still going (see `_play`)."""
         cfg, chat = self.cfg, self.chat
         out_buf = _Builder(traj)
         stop_ids = set(sampling.stop_token_ids) | set(chat.stop_token_ids)
         if not set(chat.stop_token_ids) <= set(sampling.stop_token_ids):
             sampling = sampling.model_copy(update={"stop_token_ids": sorted(stop_ids)})
-        for turn in range(horizon):
+        for turn in range(start, horizon):
+            if turn == stop:
+                return True
             used = len(traj.prompt_ids) + len(traj.response_ids)
             room_context = cfg.max_context_tokens - used
             room_budget = cfg.max_response_tokens - len(traj.response_ids)
             if room_context <= 0:
                 traj.finish_reason = "context_length"
-                return
+                return False
             if room_budget <= 0:
                 traj.finish_reason = "token_budget"
-                return
+                return False
             max_new = min(sampling.max_new_tokens, room_context, room_budget)
             turn_seed = None if seed is None else mix_seed(seed, turn)
             params = sampling.model_copy(update={"max_new_tokens": max_new, "seed": turn_seed})
@@ -211,10 +316,10 @@ class AgentLoop:
                     traj.finish_reason = "context_length"
                 else:  # cut by the per-turn or the total token budget, with no call to answer
                     traj.finish_reason = "token_budget"
-                return
+                return False
             if turn == horizon - 1:
                 traj.finish_reason = "max_turns"
-                return
+                return False
 
             calls = [c.model_copy(update={"id": f"{traj.id}#{turn}.{i}"}) for i, c in enumerate(parsed.calls)]
             t0 = time.perf_counter()
@@ -240,17 +345,18 @@ class AgentLoop:
                     out_buf.append("tool", delta, None, chat.decode(delta))
                     traj.messages.extend(tool_msgs)
                 traj.finish_reason = "env_done"
-                return
+                return False
             # Room must remain for at least one generated token after the tool turn.
             if used + len(delta) >= cfg.max_context_tokens:
                 traj.finish_reason = "context_length"
-                return
+                return False
             if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
                 traj.finish_reason = "token_budget"
-                return
+                return False
             out_buf.append("tool", delta, None, chat.decode(delta))
             traj.messages.extend(tool_msgs)
-        traj.finish_reason = "max_turns"  # unreachable unless horizon < 1
+        traj.finish_reason = "max_turns"  # the horizon was reached: only when start >= horizon (or horizon < 1)
+        return False
 
     # ---- a batch --------------------------------------------------------------------------------------------
     async def run_batch(
@@ -260,9 +366,10 @@ class AgentLoop:
         horizon: int | None = None,
         seed: int | None = 0,
         sampling: SamplingParams | None = None,
+        branching: bool = False,
     ) -> tuple[list[Trajectory], dict[str, float]]:
-        """`samples_per_prompt` trajectories per task (one GRPO group each), all in flight at once (bounded by
-        `max_concurrent_trajectories`). Returns trajectories in (task, sample) order and `rollout/*` + `tools/*`
+        """`samples_per_prompt` trajectories per task (one GRPO group each, `run_group`; branched only with
+        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories`). Returns trajectories in (task, sample) order and `rollout/*` + `tools/*`
         metrics. The ToolManager's counters are reset at the start, so `tools/*` covers this batch only."""
         n = samples_per_prompt or self.cfg.samples_per_prompt
         horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
@@ -270,14 +377,13 @@ class AgentLoop:
         if self.tools is not None:
             self.tools.reset_metrics()
 
-        async def one(ti: int, task: dict[str, Any], k: int) -> Trajectory:
-            async with gate:
-                gid = f"{task.get('id', ti)}@{ti}"
-                return await self.run_one(task, sample_index=k, group_id=gid, horizon=horizon, sampling=sampling,
-                                          seed=None if seed is None else mix_seed(seed, ti, k))
+        async def group(ti: int, task: dict[str, Any]) -> list[Trajectory]:
+            return await self.run_group(task, n, group_id=f"{task.get('id', ti)}@{ti}", horizon=horizon,
+                                        seeds=[None if seed is None else mix_seed(seed, ti, k) for k in range(n)],
+                                        sampling=sampling, gate=gate, branching=branching)
 
         t0 = time.perf_counter()
-        trajs = list(await asyncio.gather(*(one(ti, t, k) for ti, t in enumerate(tasks) for k in range(n))))
+        trajs = [t for g in await asyncio.gather(*(group(ti, t) for ti, t in enumerate(tasks))) for t in g]
         wall_s = time.perf_counter() - t0
         metrics = rollout_metrics(trajs, wall_s)
         if self.tools is not None:
@@ -314,6 +420,11 @@ def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dic
     }
     for reason in FINISH_REASONS:
         m[f"rollout/finish_{reason}"] = reasons.get(reason, 0)
+    branches = [t for t in trajs if t.branch is not None and t.branch.child > 0]
+    if branches:  # a branched group: what its branches shared with their roots, and how many went on
+        m["rollout/branches"] = len(branches)
+        m["rollout/branches_went_on"] = sum(t.num_turns > t.branch.prefix_turns for t in branches)
+        m["rollout/branch_shared_tokens"] = sum(t.branch.prefix_tokens for t in branches)
     if wall_s is not None:
         m["rollout/wall_s"] = wall_s
         m["perf/rollout_tokens_per_s"] = sum(len(t.response_ids) for t in trajs) / wall_s if wall_s > 0 else 0.0

@@ -6,6 +6,7 @@ It applies the rules of `rlfactory/envs/protocol.py` to a live trajectory:
 - `open` runs the task's `reset` before the first turn when the row names `env: {server, task_id}`; the loop shows
   the observation to the policy as a user message in the prompt (part of prompt_ids, so token-exactness is untouched);
 - `ended` says when a tool turn's structured content carried `done: true`;
+- `fork` copies the trajectory's episodes into a branch's (a branched group), on the servers it touched;
 - `close` ends the trajectory's episodes (one `close` per environment server touched), whatever the finish reason;
   those calls are not part of the trajectory and a failing close is logged, never raised.
 
@@ -21,7 +22,15 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rlfactory.envs.protocol import bind_episode, close_calls, ends_episode, reset_call, takes_episode, task_env
+from rlfactory.envs.protocol import (
+    bind_episode,
+    close_calls,
+    ends_episode,
+    fork_calls,
+    reset_call,
+    takes_episode,
+    task_env,
+)
 from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
@@ -84,6 +93,22 @@ class EpisodeBinding:
         observation = (result.structured or {}).get("observation")
         # The observation alone: the status line of a fresh episode (reward 0, not done) tells the policy nothing.
         return observation if isinstance(observation, str) else response_text(result)
+
+    async def fork(self, tools: "ToolManager | None", episode_id: str) -> "EpisodeBinding":
+        """A binding for another trajectory whose episodes are forks of this one's (same servers, new episode id
+        `episode_id`). Raises RuntimeError when a server cannot fork or a fork fails."""
+        twin = EpisodeBinding(self.specs, episode_id)
+        if tools is None or not self.used_servers:
+            return twin
+        try:
+            calls = fork_calls(tools.loop_specs, self.used_servers, self.episode_id, episode_id)
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
+        twin.used_servers = set(self.used_servers)  # its forks are open from here on, failed or not: close them
+        for r in await tools.call_many(calls):
+            if r.is_error:
+                raise RuntimeError(f"forking episode {self.episode_id} with {r.name} failed: {r.text}")
+        return twin
 
     async def close(self, tools: "ToolManager | None") -> None:
         """Close every episode this trajectory opened. Never raises (a failed close leaves idle expiry to clean up)."""

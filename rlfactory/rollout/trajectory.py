@@ -52,6 +52,22 @@ class ToolCallRecord(BaseModel):
     """It was run again after its server came back (idempotent tools)."""
 
 
+class Branch(BaseModel):
+    """Where a trajectory sits in its group's tree (`rollout.branching`): the first `prefix_tokens` of its response
+    (`prefix_turns` assistant turns and their tool results) are its root's, generated once and shared by the root's
+    branches; branch 0 goes on in the root's own episodes, the others in forks of them."""
+
+    root: int
+    child: int
+    prefix_tokens: int
+    prefix_turns: int
+
+    @property
+    def trains_prefix(self) -> bool:
+        """Whether the shared prefix is trained in this trajectory (branch 0: once per root, not once per branch)."""
+        return self.child == 0
+
+
 class Trajectory(BaseModel):
     """A finished multi-turn rollout, token-exact.
 
@@ -90,6 +106,8 @@ class Trajectory(BaseModel):
     """Optional per-assistant-turn rewards (process rewards), placed on each turn's last token."""
     timings: dict[str, float] = Field(default_factory=dict)
     """Seconds spent: generate_s, tools_s, total_s."""
+    branch: Branch | None = None
+    """Its place in a branched group's tree; None in a flat group."""
 
     @property
     def infra_failed(self) -> bool:

@@ -55,7 +55,7 @@ class SyncSteps:
         side.engine.policy_version = index  # stamps the tokens: this step's weights
         with timer("rollout"):
             trajs, roll_m = await side.loop.run_batch(tasks, r.rollout.samples_per_prompt, horizon,
-                                                      seed=mix_seed(t.seed, index, 1))
+                                                      seed=mix_seed(t.seed, index, 1), branching=True)
         verdict = run.outage.judge(trajs, index + 1)
         if verdict is not Verdict.TRAIN:
             return StepOutcome(verdict, trajs)

@@ -92,3 +92,30 @@ def test_chromium_renders_turns_mask_and_filters(tmp_path):
 
     dom = _dump_dom(path.as_uri() + "#rmin=0.5", tmp_path)
     assert "1 / 3 shown" in dom
+
+
+def test_a_branched_group_shows_as_a_tree_with_the_shared_turns_folded(tmp_path):
+    from rlfactory.rollout.trajectory import Branch
+
+    def leaf(k: int, root: int, child: int, reward: float) -> Trajectory:
+        own = [60 + k, 61 + k]
+        return Trajectory(
+            id=f"g/{k}", group_id="g", sample_index=k, prompt_ids=[1], response_ids=[10, 11, 20] + own,
+            loss_mask=[1, 1, 0, 1, 1], logprobs=[-0.5, -0.5, 0.0, -0.2, -0.2],
+            turns=[TurnSpan(role="assistant", start=0, end=2, text=f"root {root} opens"),
+                   TurnSpan(role="tool", start=2, end=3, text="<tool_response>ok</tool_response>"),
+                   TurnSpan(role="assistant", start=3, end=5, text=f"branch {child} of root {root} " + XSS)],
+            finish_reason="stop", reward=reward,
+            branch=Branch(root=root, child=child, prefix_tokens=3, prefix_turns=1))
+
+    trajs = [leaf(0, 0, 0, 1.0), leaf(1, 0, 1, 0.0), leaf(2, 1, 0, 0.5), leaf(3, 1, 1, 0.0)]
+    path = write_html(trajs, tmp_path / "tree.html", title="tree")
+    dom = _dump_dom(path.as_uri(), tmp_path)
+    (tree,) = re.findall(r'<div class="tree">(.*?)</div>', dom, re.S)
+    assert "group g" in tree and tree.count("root ") == 2
+    assert re.findall(r'href="#(t\d)">branch (\d)', tree) == [("t0", "0"), ("t1", "1"), ("t2", "0"), ("t3", "1")]
+    assert "reward 1 " in tree and "1 turns of its own" in tree
+    # branch 0 shows its root's turn; a later branch folds it
+    assert dom.count("the root's 1 turns (shared)") == 2
+    assert "root 0 · branch 1 · 1 turns (3 tokens) shared" in dom
+    assert "<img" not in dom

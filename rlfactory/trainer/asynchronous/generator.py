@@ -330,12 +330,9 @@ class Generator:
         loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest, self.turn_slots, index), tools, side.chat,
                          self.r.rollout)
 
-        async def one(k: int) -> Trajectory:
-            async with gate:
-                return await loop.run_one(task, sample_index=k, group_id=gid, horizon=horizon, seed=mix_seed(seed, k))
-
         n = self.r.rollout.samples_per_prompt
-        trajs = list(await asyncio.gather(*(one(k) for k in range(n))))
+        trajs = await loop.run_group(task, n, group_id=gid, horizon=horizon, gate=gate,
+                                     seeds=[mix_seed(seed, k) for k in range(n)])
         metrics = list(await asyncio.gather(*(side.rewards.score([t]) for t in trajs)))
         counts = None if tools is None else tools.counts
         if self.helper is not None:

@@ -141,3 +141,30 @@ async def test_finished_rows_leave_the_batch_without_changing_anyone(tiny_qwen3)
         assert len(b.token_ids) == n
         assert b.token_ids == a.token_ids
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+async def test_branches_admitted_together_all_continue_their_roots_parked_turn(tiny_qwen3):
+    """A branched group: the root's first turn is parked, then its branches ask for the same history with the tool
+    turn appended, all at once. Each continues the parked keys/values (one took the entry, the others share it),
+    with the outputs of prefilling everything."""
+    async def branched(prefix_cache: bool) -> tuple[list, HFEngine]:
+        engine = engine_for(tiny_qwen3, prefix_cache=prefix_cache)
+        root = await engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=6))
+        follow = PROMPTS[0] + root.token_ids + TOOL_TURN
+        with engine._cond:  # admitted in one prefill, as branches that left their root at once are
+            tasks = [asyncio.ensure_future(engine.generate(follow, SamplingParams(temperature=0.0, max_new_tokens=5,
+                                                                                   seed=k))) for k in range(3)]
+            while len(engine._pending) < len(tasks):
+                await asyncio.sleep(0)
+        outs = await asyncio.gather(*tasks)
+        await engine.close()
+        return outs, engine
+
+    plain, off = await branched(False)
+    shared, on = await branched(True)
+    for a, b in zip(plain, shared):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    parked = len(PROMPTS[0]) + 6 - 1  # the root's turn, all but its last sampled token
+    assert on._parked.hits == 1
+    assert on.stats.prefix_cached_tokens == 3 * parked  # every branch continued it
+    assert on.stats.prefill_tokens + on.stats.prefix_cached_tokens == off.stats.prefill_tokens

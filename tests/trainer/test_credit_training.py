@@ -1,6 +1,7 @@
-"""Turn-level credit in real runs: TextCraft's server reports each episode's state with every step (equal states
-equal), and `rlfactory train` with `algorithm.turn_credit` takes GRPO steps in the synchronous and the asynchronous
-loop on the TextCraft warm start (models/textcraft-crafter) against the real server."""
+"""Turn-level credit and branched groups in real runs: TextCraft's server reports each episode's state with every
+step (equal states equal), a branched group's branches go on in forks of their root's episode, and `rlfactory train`
+with `algorithm.turn_credit` or `rollout.branching` takes GRPO steps in the synchronous and the asynchronous loop on
+the TextCraft warm start (models/textcraft-crafter) against the real server."""
 from __future__ import annotations
 
 import json
@@ -73,3 +74,52 @@ def test_textcraft_trains_with_turn_credit_in_both_loops(tmp_path, estimator, k)
         assert row["rollout/rows_with_signal"] > 0 and row["loss/grad_norm"] > 0
     if k:
         assert max(r["async/staleness_token_max"] for r in rows) <= 1
+
+
+BRANCHED = ["rollout.branching.width=2", "rollout.branching.at_turn=1"]
+
+
+def test_branches_go_on_in_forks_of_their_roots_episode(tmp_path):
+    out = tmp_path / "trajs.jsonl"
+    proc = rlf("rollout", str(RECIPE), "--limit", "4", "--out", str(out), *_sets(SMALL + BRANCHED))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trajs = [Trajectory.model_validate_json(ln) for ln in out.read_text().splitlines() if ln.strip()]
+    assert len(trajs) == 16 and all(t.branch is not None for t in trajs)
+    by_root: dict[tuple[str, int], list[Trajectory]] = {}
+    for t in trajs:
+        by_root.setdefault((t.group_id, t.branch.root), []).append(t)
+    went_on = 0
+    for branches in by_root.values():
+        assert [t.branch.child for t in branches] == [0, 1]
+        first, second = branches
+        n = first.branch.prefix_tokens
+        assert n == second.branch.prefix_tokens and first.prompt_ids == second.prompt_ids
+        assert first.response_ids[:n] == second.response_ids[:n]  # the root's turn, generated once
+        own = [c for c in second.tool_calls if c.turn >= second.branch.prefix_turns and c.structured
+               and "steps" in c.structured]
+        root_calls = [c for c in first.tool_calls if c.turn < first.branch.prefix_turns and c.structured
+                      and "steps" in c.structured]
+        if own and root_calls:
+            went_on += 1
+            # its first call after the branch ran in a fork of the root's episode, an episode of its own that
+            # carried the root's step count over
+            assert own[0].structured["steps"] == len(root_calls) + 1
+            assert own[0].structured["episode_id"] != root_calls[0].structured["episode_id"]
+    assert went_on >= 1
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_textcraft_trains_branched_groups_in_both_loops(tmp_path, k):
+    reward_file = tmp_path / "spread.py"
+    reward_file.write_text(SPREAD_REWARD)
+    out = tmp_path / "run"
+    proc = rlf("train", str(RECIPE), "--output-dir", str(out), *_sets(SMALL + BRANCHED + [
+        "trainer.total_steps=2", f"trainer.max_staleness_steps={k}",
+        f"rewards.functions.1={{function: '{reward_file}:id_spread', weight: 1.0}}"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["rollout/trajectories"] == 8 and row["rollout/branches"] == 4
+        assert row["rollout/branch_shared_tokens"] > 0
+        assert row["rollout/rows_with_signal"] > 0 and row["loss/grad_norm"] > 0
