@@ -209,6 +209,9 @@ def cross_field_problems(r: Recipe) -> list[str]:
     if a.kl.coef > 0 and not a.kl.use_reference:
         p.append(f"algorithm.kl.coef is {a.kl.coef} but algorithm.kl.use_reference is false: set use_reference: true "
                  f"or coef: 0")
+    if r.engine == "verl" and t.max_minutes is not None:
+        p.append("trainer.max_minutes: engine verl runs verl's own training loop, which takes no wall-clock budget; "
+                 "use trainer.total_steps")
     if r.engine == "verl" and t.max_staleness_steps > 1:
         p.append(f"trainer.max_staleness_steps is {t.max_staleness_steps}: engine verl trains at most one step off "
                  f"policy (verl's colocate_async trainer); use 0 or 1")
@@ -224,10 +227,6 @@ def cross_field_problems(r: Recipe) -> list[str]:
         if r.engine == "verl":
             p.append("rollout.branching: engine verl samples each trajectory on its own and cannot grow a group as a "
                      "tree; use engine: local or rollout.branching.width: 1")
-        if a.turn_credit.estimator != "none":
-            p.append(f"rollout.branching with algorithm.turn_credit.estimator {a.turn_credit.estimator!r}: a branched "
-                     f"group's advantages are per branch point (docs/algorithms.md) and do not combine with turn "
-                     f"credit yet; choose one")
         if br.at_turn >= horizon:
             p.append(f"rollout.branching.at_turn ({br.at_turn}) must be below the horizon ({horizon} turns): the "
                      f"roots would end before they branch")

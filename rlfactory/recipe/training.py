@@ -232,6 +232,10 @@ class TrackingConfig(Section):
 class TrainerConfig(Section):
     total_steps: int = Field(100, ge=1)
     """Training steps (each: rollouts for `prompts_per_step` prompts, then the policy update)."""
+    max_minutes: float | None = Field(None, gt=0.0)
+    """A wall-clock budget: the run stops after the step that ends past this many minutes of training (from the first
+    step of this process), with a checkpoint, even before `total_steps` (summary.json says `stopped_by:
+    max_minutes`; `--resume` goes on with a fresh budget). Empty = no budget (local engine)."""
     prompts_per_step: int = Field(8, ge=1)
     """Prompts sampled per step; each is rolled out `rollout.samples_per_prompt` times."""
     eval_every_steps: int = Field(0, ge=0)

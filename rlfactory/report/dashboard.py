@@ -32,7 +32,7 @@ from rlfactory.errors import RLFactoryError
 from rlfactory.report.dashboard_hosts import HostGuard
 from rlfactory.report.dashboard_page import render_page
 from rlfactory.report.run_watch import RunWatch
-from rlfactory.report.viewer import token_text_of, trajectory_html
+from rlfactory.report.viewer import group_tree_html, token_text_of, trajectory_html
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ class Dashboard:
             if found is None:
                 raise LookupError(f"no saved trajectory {q.get('id')!r} in {w.run}/transcripts")
             step, t = found
-            return {"step": step, "html": trajectory_html(t, token_text=self._tokens(i))}
+            tree = group_tree_html(w.group_of(t, step)) if t.branch is not None else ""
+            return {"step": step, "html": tree + trajectory_html(t, token_text=self._tokens(i))}
         if name == "tool_latencies":
             return w.tool_latencies()
         raise LookupError(f"no endpoint /api/{name}")

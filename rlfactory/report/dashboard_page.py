@@ -271,7 +271,9 @@ _JS = r"""
         var tr = el('tr', {'data-id': t.id, 'data-run': run});
         if (t.id === openId) tr.className = 'open';
         [String(t.step), t.id, fmt(t.reward), t.finish, String(t.turns), String(t.response_tokens),
-         String(t.tool_calls), String(t.tool_errors)].forEach(function(v){ tr.appendChild(el('td', {}, v)); });
+         String(t.tool_calls), String(t.tool_errors), t.tree || ''].forEach(function(v){
+          tr.appendChild(el('td', {}, v));
+        });
         tr.addEventListener('click', function(){ openTranscript(run, t.id); });
         body.appendChild(tr);
       });
@@ -293,6 +295,9 @@ _JS = r"""
     return get('api/transcript?run=' + run + '&id=' + encodeURIComponent(id)).then(function(d){
       var v = $('viewer');
       v.innerHTML = d.html;  // rendered and escaped server-side by the transcript viewer
+      Array.prototype.forEach.call(v.querySelectorAll('.tree a[data-id]'), function(a){  // a branched group's tree
+        a.addEventListener('click', function(ev){ ev.preventDefault(); openTranscript(run, a.dataset.id); });
+      });
       var t = v.querySelector('.traj');
       if (!t) return;
       var b = t.querySelector('button.toggle');
@@ -370,7 +375,8 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<label>reward ≤ <input id="f-rmax" type="number" step="any" size="5"></label>'
         '<label><input id="f-toolerr" type="checkbox"> with a tool error</label><span id="tcount"></span></div>'
         '<table><thead><tr><th>step</th><th>trajectory</th><th>reward</th><th>finish</th><th>turns</th>'
-        '<th>tokens</th><th>tool calls</th><th>tool errors</th></tr></thead><tbody id="tlist"></tbody></table>'
+        '<th>tokens</th><th>tool calls</th><th>tool errors</th><th>tree</th></tr></thead><tbody id="tlist"></tbody>'
+        '</table>'
         f'<div id="viewer"></div></main><script type="application/json" id="chart-spec">{spec}</script>'
         f"<script>{_JS}</script></body></html>"
     )

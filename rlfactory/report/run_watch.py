@@ -186,6 +186,13 @@ class RunWatch:
                         return _step_of(path), t
         return None
 
+    def group_of(self, t: Trajectory, step: int) -> list[Trajectory]:
+        """The saved trajectories of `t`'s group in step `step` (a branched group's tree), in sample order."""
+        with self._lock:
+            path = next((p for p in self._step_files() if _step_of(p) == step), None)
+            group = [x for x in self._load(path) if x.group_id == t.group_id] if path is not None else [t]
+        return sorted(group, key=lambda x: x.sample_index)
+
     def tool_latencies(self, max_files: int = 50) -> dict[str, list[float]]:
         """Latency (s) of every tool call in the newest saved transcripts, per tool: the dashboard's distribution
         (metrics.jsonl holds the per-step mean)."""
@@ -238,4 +245,5 @@ def summarize(t: Trajectory, step: int) -> dict[str, Any]:
     return {"id": t.id, "step": step, "task_id": t.task_id, "reward": t.reward, "finish": t.finish_reason,
             "turns": t.num_turns, "response_tokens": len(t.response_ids), "tool_calls": len(t.tool_calls),
             "tool_errors": sum(1 for c in t.tool_calls if c.is_error),
-            "tools": sorted({c.name for c in t.tool_calls})}
+            "tools": sorted({c.name for c in t.tool_calls}),
+            "tree": None if t.branch is None else f"root {t.branch.root} · branch {t.branch.child}"}

@@ -263,6 +263,16 @@ def _trees(trajs: list[Trajectory]) -> dict[int, str]:
     return out
 
 
+def group_tree_html(group: list[Trajectory]) -> str:
+    """A branched group's tree (`_trees`) for pages that show one trajectory at a time (the dashboard); its links
+    name the trajectories by id."""
+    trees = _trees(group)
+    html_ = next(iter(trees.values()), "")
+    for i, t in enumerate(group):
+        html_ = html_.replace(f'href="#t{i}"', f'data-id="{_e(t.id)}" href="#"')
+    return html_
+
+
 def render_html(
     trajectories: Iterable[Trajectory], *, title: str = "rlfactory rollouts",
     token_text: Callable[[int], str] | None = None,

@@ -409,6 +409,10 @@ def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dic
         "rollout/response_tokens_mean": mean([len(t.response_ids) for t in trajs]),
         "rollout/response_tokens_max": max(len(t.response_ids) for t in trajs),
         "rollout/policy_tokens_mean": mean([sum(t.loss_mask) for t in trajs]),
+        # what the policy sampled: a branch's copy of its root's tokens was sampled once, by the root
+        "rollout/generated_tokens": sum(sum(t.loss_mask) - (sum(t.loss_mask[:t.branch.prefix_tokens])
+                                                            if t.branch is not None and t.branch.child > 0 else 0)
+                                        for t in trajs),
         "rollout/prompt_tokens_mean": mean([len(t.prompt_ids) for t in trajs]),
         "rollout/tool_calls_mean": mean(calls),
         "rollout/tool_calls": sum(calls),

@@ -22,6 +22,7 @@ APPLIED: dict[str, str] = {
     "description": "a label",
     "trainer.output_dir": "the run folder, wherever it is now",
     "trainer.total_steps": "the run ends at the new step count",
+    "trainer.max_minutes": "the resumed process trains for the new budget",
     "trainer.save_every_steps": "checkpoints follow the new interval",
     "trainer.keep_checkpoints": "pruning keeps the new number",
     "trainer.eval_every_steps": "evaluation follows the new interval",

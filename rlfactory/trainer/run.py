@@ -132,7 +132,7 @@ class TrainingRun:
         """Optimizer steps taken (the policy version)."""
         self.rewards_so_far: list[float] = []
         self.stopped_by: str | None = None
-        """What ended the run before total_steps (`SIGTERM`, `env_outage`), if anything."""
+        """What ended the run before total_steps (`SIGTERM`, `env_outage`, `max_minutes`), if anything."""
         self.outage = OutageGuard(r.trainer.max_env_outage_s)
         """Skips steps with nothing to train on; stops the run when that lasts (outage.py)."""
         self._outage_checkpoint: Path | None = None
@@ -178,7 +178,7 @@ class TrainingRun:
                         row.update({f"eval/{k}": v for k, v in last_eval.items() if isinstance(v, (int, float))})
                         row["perf/eval_s"] = timer.seconds["eval"]
                     self._end_step(row, log, bar, wall0)
-                    if self._stop_after_step():
+                    if self._stop_after_step(wall0):
                         break
         finally:
             bar.close()
@@ -227,11 +227,14 @@ class TrainingRun:
 
     # ----------------------------------------------------------------------------------------------- per step
     def _save_transcripts(self, trajs: list[Trajectory], index: int) -> None:
-        """`trainer.log.transcripts_per_step` trajectories of the step, picked by (seed, step)."""
+        """`trainer.log.transcripts_per_step` trajectories of the step, picked by (seed, step); a picked branched
+        trajectory brings its whole group, so the viewer and the dashboard show its tree whole."""
         t = self.recipe.trainer
         if t.log.transcripts_per_step:
-            pick = random.Random(mix_seed(t.seed, index, 2)).sample(
-                range(len(trajs)), min(t.log.transcripts_per_step, len(trajs)))
+            pick = set(random.Random(mix_seed(t.seed, index, 2)).sample(
+                range(len(trajs)), min(t.log.transcripts_per_step, len(trajs))))
+            trees = {trajs[i].group_id for i in pick if trajs[i].branch is not None}
+            pick |= {i for i, x in enumerate(trajs) if x.branch is not None and x.group_id in trees}
             save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
                              [trajs[i] for i in sorted(pick)])
 
@@ -267,9 +270,15 @@ class TrainingRun:
         if self._checkpoint_due():
             self._save()
 
-    def _stop_after_step(self) -> bool:
-        """True when a SIGTERM asked to stop: the step just ended is checkpointed (unless `_end_step` just did)."""
-        if self.stopped_by is None or self.step >= self.recipe.trainer.total_steps:
+    def _stop_after_step(self, wall0: float) -> bool:
+        """True when a SIGTERM asked to stop, or the run's `trainer.max_minutes` are spent: the step just ended is
+        checkpointed (unless `_end_step` just did)."""
+        t = self.recipe.trainer
+        if self.step >= t.total_steps:
+            return False
+        if self.stopped_by is None and t.max_minutes is not None and time.perf_counter() - wall0 >= 60 * t.max_minutes:
+            self.stopped_by = "max_minutes"
+        if self.stopped_by is None:
             return False
         if not self._checkpoint_due():
             self._save()

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from rlfactory.algorithms import credit
+from rlfactory.algorithms.branch_credit import train_prefix_once
 from rlfactory.algorithms.grpo import (
     GRPOBatch,
     build_batch,
-    compute_advantages,
     exclude_infra_failures,
     policy_loss,
     prompt_groups,
@@ -31,10 +32,8 @@ from rlfactory.algorithms.grpo import (
     set_global_batch,
     trained_on_infra_failures,
 )
-from rlfactory.algorithms.branch_credit import branch_advantages, is_branched, train_prefix_once
-from rlfactory.algorithms.branch_credit import token_advantages as branch_token_advantages
 from rlfactory.algorithms.off_policy import CorrectionTotals, correct
-from rlfactory.algorithms.turn_credit import company_fraction, token_advantages, turn_advantages
+from rlfactory.algorithms.turn_credit import company_fraction
 from rlfactory.models.loading import pad_id_of
 from rlfactory.recipe.training import OffPolicyConfig
 from rlfactory.rollout.trajectory import Trajectory
@@ -111,16 +110,7 @@ class Update:
         hit = [t.infra_failed for t in trajs]
         kept = train_prefix_once(exclude_infra_failures(trajs))
         batch = build_batch(kept, pad_id_of(self.policy.tokenizer))  # [N, ...] on CPU
-        a = self.recipe.algorithm
-        advantages = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
-        if is_branched(kept):  # a baseline per branch point (branch_credit.py)
-            per_traj = branch_advantages(kept, norm_by_std=a.norm_adv_by_std)
-            advantages = branch_token_advantages(kept, per_traj, tuple(batch.response_mask.shape), batch.response_mask)
-        elif a.turn_credit.estimator != "none":
-            mask = batch.response_mask  # [N, T]
-            episode = ((advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).tolist()  # [N]
-            per_turn = turn_advantages(kept, a.turn_credit, norm_by_std=a.norm_adv_by_std, episode=episode)
-            advantages = token_advantages(kept, per_turn, tuple(mask.shape), mask)  # [N, T]
+        advantages = credit.advantages(kept, batch, self.recipe.algorithm)  # [N, T]
         has_signal = (advantages != 0).any(-1).tolist()  # [N]
         p_len = batch.prompt_len
         lengths = list(zip(batch.attention_mask[:, :p_len].sum(-1).tolist(),

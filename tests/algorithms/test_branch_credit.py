@@ -69,7 +69,7 @@ def test_a_branching_recipe_is_refused_before_any_work_where_it_cannot_branch(tm
     (tmp_path / "r.yaml").write_text(json.dumps(recipe))
     text = "\n".join(validate_recipe(tmp_path / "r.yaml"))
     for words in ("rollout.branching.width (4) must divide rollout.samples_per_prompt (6)",
-                  "engine verl samples each trajectory on its own", "do not combine with turn credit",
+                  "engine verl samples each trajectory on its own",
                   "rollout.branching.at_turn (3) must be below the horizon (3 turns)"):
         assert words in text, text
 
@@ -86,3 +86,30 @@ def test_a_branching_recipe_is_refused_before_any_work_where_it_cannot_branch(tm
         check_can_branch(loaded, [step, calc], [fork])
     check_can_branch(loaded, [step.model_copy(update={"server": "game"}), calc], [fork])  # forks: fine
     check_can_branch(loaded, [calc], [])  # stateless tools: a branch shares its root's calls
+
+
+def test_with_turn_credit_too_a_branch_gets_per_turn_advantages_on_its_own_turns():
+    from rlfactory.algorithms import credit
+    from rlfactory.algorithms.grpo import build_batch
+    from rlfactory.recipe.training import AlgorithmConfig
+    from rlfactory.rollout.trajectory import TurnSpan
+
+    def leaf(k: int, root: int, child: int, reward: float, steps: list[float]) -> Trajectory:
+        # turn 0 (2 tokens, the root's) | tool (1) | turn 1 (2) | tool (1) | turn 2 (2)
+        t = _leaf(k, root, child, reward, prefix=3, length=8)
+        spans = [("assistant", 0, 2), ("tool", 2, 3), ("assistant", 3, 5), ("tool", 5, 6), ("assistant", 6, 8)]
+        return t.model_copy(update={"turns": [TurnSpan(role=r, start=a, end=b) for r, a, b in spans],
+                                    "loss_mask": [1, 1, 0, 1, 1, 0, 1, 1], "step_rewards": steps})
+
+    tree = [leaf(0, 0, 0, 1.0, [0.0, 0.5, 0.5]), leaf(1, 0, 1, 0.0, [0.0, 0.0, 0.0]),
+            leaf(2, 1, 0, 0.0, [0.0, 0.0, 0.0]), leaf(3, 1, 1, 0.0, [0.0, 0.0, 0.0])]
+    kept = train_prefix_once(tree)
+    batch = build_batch(kept, pad_id=0)
+    both = credit.advantages(kept, batch, AlgorithmConfig(norm_adv_by_std=False,
+                                                          turn_credit={"estimator": "returns"}))
+    tree_only = credit.advantages(kept, batch, AlgorithmConfig(norm_adv_by_std=False))
+    assert both[0, :2].tolist() == tree_only[0, :2].tolist() == [0.5, 0.5]  # the shared turn: per branch point
+    # leaf 0's own turns: returns-to-go 1.0 and 0.5 against the other leaves' 0
+    assert both[0, 3:5].tolist() == [1.0, 1.0] and both[0, 6:8].tolist() == [0.5, 0.5]
+    assert tree_only[0, 3:8].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0]
+    assert both[1, :2].tolist() == [0.0, 0.0]  # a copy of the shared turn carries nothing

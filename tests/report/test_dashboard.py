@@ -443,3 +443,50 @@ def test_listening_beyond_loopback_warns_that_there_is_no_authentication(tmp_pat
         assert "no authentication" not in (tmp_path / "quiet.log").read_text()
     finally:
         _stop(quiet, signal.SIGINT)
+
+
+def test_a_branched_group_opens_as_a_tree_and_its_links_open_the_branches_in_chromium(tmp_path):
+    import threading
+
+    from rlfactory.report.dashboard import make_server
+    from rlfactory.report.transcripts import save_transcripts
+    from rlfactory.rollout.trajectory import Branch, Trajectory, TurnSpan
+
+    def leaf(k: int, root: int, child: int, reward: float) -> Trajectory:
+        return Trajectory(id=f"g@0/{k}", group_id="g@0", sample_index=k, prompt_ids=[1],
+                          response_ids=[10, 11, 20, 30 + k], loss_mask=[1, 1, 0, 1], logprobs=[-1.0, -1.0, 0.0, -1.0],
+                          turns=[TurnSpan(role="assistant", start=0, end=2, text=f"root {root} opens"),
+                                 TurnSpan(role="tool", start=2, end=3, text="ok"),
+                                 TurnSpan(role="assistant", start=3, end=4, text=f"branch {child} of root {root}")],
+                          reward=reward, branch=Branch(root=root, child=child, prefix_tokens=3, prefix_turns=1))
+
+    run = tmp_path / "run"
+    (run / "metrics.jsonl").parent.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.25}) + "\n")
+    save_transcripts(run / "transcripts" / "step_000001.jsonl",
+                     [leaf(0, 0, 0, 1.0), leaf(1, 0, 1, 0.0), leaf(2, 1, 0, 0.0), leaf(3, 1, 1, 0.0)])
+    assert [t["tree"] for t in RunWatch(run).transcripts()] == [
+        "root 0 · branch 0", "root 0 · branch 1", "root 1 · branch 0", "root 1 · branch 1"]
+    server = make_server([run], port=0, tokenizers=False)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    browser = None
+    try:
+        browser = Browser(tmp_path / "chrome-profile")
+        browser.goto(f"http://127.0.0.1:{server.server_address[1]}/?poll=300")
+        browser.wait_js("document.querySelectorAll('#tlist tr').length === 4", 120, "the transcript list")
+        assert "root 0 · branch 1" in browser.js("document.getElementById('tlist').textContent")
+        browser.js("document.querySelectorAll('#tlist tr')[1].click()")
+        browser.wait_js("document.querySelector('#viewer .tree') !== null", 60, "the group's tree")
+        assert "branch 1 of root 0" in browser.js("document.querySelector('#viewer section.traj').textContent")
+        assert browser.js("document.querySelectorAll('#viewer .tree a[data-id]').length") == 4
+        browser.js("document.querySelectorAll('#viewer .tree a[data-id]')[2].click()")  # root 1, branch 0
+        browser.wait_js("document.querySelector('#viewer section.traj').textContent.indexOf('branch 0 of root 1')"
+                        " >= 0", 60, "the branch the tree's link names")
+        assert not browser.script_errors()
+    finally:
+        if browser is not None:
+            browser.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
