@@ -55,7 +55,13 @@ class BranchingConfig(Section):
     is forked (the environment servers' `fork`) into `width` branches that play on from the same state. 1 = no
     branching: every sample starts from the task's first observation."""
     at_turn: int = Field(1, ge=1)
-    """Assistant turns (with their tool results) the roots play before they branch."""
+    """Assistant turns (with their tool results) the roots play before they branch (at most, with `uncertain`)."""
+    when: Literal["at_turn", "uncertain"] = "at_turn"
+    """`at_turn`: every root branches after `at_turn` turns. `uncertain`: a root branches after the first turn
+    (before `at_turn`) whose sampled tokens surprised the policy: mean -logprob >= `uncertainty` (the surprisal of
+    sampled tokens estimates the policy's entropy there), else at `at_turn`."""
+    uncertainty: float = Field(1.0, ge=0.0)
+    """`when: uncertain`: the mean surprisal (nats per token) of a turn that makes its root branch after it."""
 
 
 class RolloutConfig(Section):

@@ -31,7 +31,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Callable, get_args
 
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
@@ -165,9 +165,11 @@ class AgentLoop:
         return _Live(traj, EpisodeBinding(self._specs() or {}, new_episode_id(traj.id)))
 
     async def _play(self, live: _Live, task: dict[str, Any] | None, horizon: int, sampling: SamplingParams | None,
-                    seed: int | None, *, start: int = 0, stop: int | None = None) -> bool:
+                    seed: int | None, *, start: int = 0, stop: Callable[[Trajectory, int], bool] | None = None
+                    ) -> bool:
         """Open the episode (when `task` is given: the trajectory's start) and play turns `start`.. until the
-        trajectory ends, or up to turn `stop` (then True: it paused there, still going). A failure ends it as an
+        trajectory ends, or until `stop(traj, turn)` says to pause before turn `turn` (then True: it paused there,
+        still going). A failure ends it as an
         error, recorded on the trajectory."""
         traj, t0 = live.traj, time.perf_counter()
         try:
@@ -228,11 +230,12 @@ class AgentLoop:
                     seeds: list[int | None], sampling: SamplingParams | None,
                     gate: asyncio.Semaphore) -> list[Trajectory]:
         """Root `r` of a branched group and its branches (samples r*width .. r*width + width - 1)."""
-        width, at_turn = self.cfg.branching.width, self.cfg.branching.at_turn
+        width = self.cfg.branching.width
         k0 = r * width
         async with gate:
             root = self._start(task, k0, group_id, horizon)
-            await self._play(root, task, horizon, sampling, seeds[k0], stop=at_turn)
+            await self._play(root, task, horizon, sampling, seeds[k0], stop=self._branch_here)
+        at_turn = root.traj.num_turns
         point = Branch(root=r, child=0, prefix_tokens=len(root.traj.response_ids),
                        prefix_turns=root.traj.num_turns)
         lives = [root] + [await self._branch(root, point, c, k0 + c) for c in range(1, width)]
@@ -245,6 +248,19 @@ class AgentLoop:
 
         await asyncio.gather(*(play_on(live, k0 + c) for c, live in enumerate(lives)))
         return [await self._end(live) for live in lives]
+
+    def _branch_here(self, traj: Trajectory, turn: int) -> bool:
+        """Whether a root branches before turn `turn` (`rollout.branching`): at `at_turn`, or with `when: uncertain`
+        after an earlier turn whose sampled tokens surprised the policy (mean -logprob, an estimate of the turn's
+        entropy) at least `uncertainty`."""
+        b = self.cfg.branching
+        if turn >= b.at_turn:
+            return True
+        if b.when != "uncertain" or turn == 0:
+            return False
+        span = next(s for s in reversed(traj.turns) if s.role == "assistant")
+        lps = traj.logprobs[span.start:span.end]
+        return bool(lps) and -sum(lps) / len(lps) >= b.uncertainty
 
     async def _branch(self, root: _Live, point: Branch, child: int, k: int) -> _Live:
         """Branch `child` of `root` (sample `k`): the root's trajectory so far, in forks of its episodes."""
@@ -265,16 +281,16 @@ class AgentLoop:
         return live
 
     async def _turns(self, traj: Trajectory, horizon: int, sampling: SamplingParams, seed: int | None,
-                     timings: dict[str, float], env: EpisodeBinding, *, start: int = 0, stop: int | None = None
-                     ) -> bool:
-        """Turns `start`.. of `traj`; True when it paused before turn `stop` still going (see `_play`)."""
+                     timings: dict[str, float], env: EpisodeBinding, *, start: int = 0,
+                     stop: Callable[[Trajectory, int], bool] | None = None) -> bool:
+        """Turns `start`.. of `traj`; True when it paused, still going, where `stop` said (see `_play`)."""
         cfg, chat = self.cfg, self.chat
         out_buf = _Builder(traj)
         stop_ids = set(sampling.stop_token_ids) | set(chat.stop_token_ids)
         if not set(chat.stop_token_ids) <= set(sampling.stop_token_ids):
             sampling = sampling.model_copy(update={"stop_token_ids": sorted(stop_ids)})
         for turn in range(start, horizon):
-            if turn == stop:
+            if stop is not None and stop(traj, turn):
                 return True
             used = len(traj.prompt_ids) + len(traj.response_ids)
             room_context = cfg.max_context_tokens - used

@@ -123,3 +123,20 @@ def test_textcraft_trains_branched_groups_in_both_loops(tmp_path, k):
         assert row["rollout/trajectories"] == 8 and row["rollout/branches"] == 4
         assert row["rollout/branch_shared_tokens"] > 0
         assert row["rollout/rows_with_signal"] > 0 and row["loss/grad_norm"] > 0
+
+
+def test_uncertain_roots_branch_early_and_sure_ones_at_at_turn(tmp_path):
+    def prefix_turns(uncertainty: float) -> set[int]:
+        out = tmp_path / f"u{uncertainty}.jsonl"
+        proc = rlf("rollout", str(RECIPE), "--limit", "2", "--out", str(out), *_sets(SMALL + [
+            "rollout.branching.width=2", "rollout.branching.at_turn=3", "rollout.branching.when=uncertain",
+            f"rollout.branching.uncertainty={uncertainty}"]))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        trajs = [Trajectory.model_validate_json(ln) for ln in out.read_text().splitlines() if ln.strip()]
+        # roots that were still playing when they branched (a root that ended first shares all it played)
+        return {t.branch.prefix_turns for t in trajs if t.num_turns > t.branch.prefix_turns}
+
+    early, late = prefix_turns(0.0), prefix_turns(1e9)
+    assert early <= {1}  # every turn surprises a policy at least 0 nats: branch after the first
+    assert late <= {3}  # none surprises it that much: branch at at_turn
+    assert early | late  # and some roots did play on past their branch point
