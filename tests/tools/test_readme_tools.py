@@ -1,9 +1,10 @@
-"""The README's tool commands, run as written in a folder laid out like a fresh clone, and the shipped `mcpServers`
-files as the recipes use them.
+"""The documented tool commands, run as written in a folder laid out like a fresh clone, and the shipped
+`mcpServers` files as the recipes use them.
 
-The commands are read from the first bash block of README.md's "## Tools" section, so this test follows the README:
-each line starting with `rlfactory` runs once, or twice when it shows an optional part in brackets (`tools list
-[-c mcp_configs/default.json]`: without it and with it), in the order written."""
+The commands are read from the first bash block of the "Writing an MCP tool" guide (docs/guides/mcp-tools.md, where
+the README's tool reference moved), so this test follows the documentation: each line starting with `rlfactory` runs
+once, or twice when it shows an optional part in brackets (`tools list [-c mcp_configs/default.json]`: without it
+and with it), in the order written."""
 from __future__ import annotations
 
 import json
@@ -22,16 +23,15 @@ from rlfactory.recipe.schema import Recipe
 from rlfactory.tools.mcp_configs import load_mcp_config, load_recipe_servers
 
 REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "guides" / "mcp-tools.md"
 BIN = Path(sys.executable).parent / "rlfactory"
 
 
 def readme_tool_commands() -> list[list[str]]:
-    """The `rlfactory ...` lines of the first bash block under "## Tools", split as a shell would (comments gone),
-    with `[optional words]` expanded into the line without them and the line with them."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Tools\n", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, 'README.md: no ```bash block under "## Tools"'
+    """The `rlfactory ...` lines of the guide's first bash block, split as a shell would (comments gone), with
+    `[optional words]` expanded into the line without them and the line with them."""
+    block = re.search(r"```bash\n(.*?)```", GUIDE.read_text(), re.S)
+    assert block, f"{GUIDE.relative_to(REPO)}: no ```bash block"
     commands: list[list[str]] = []
     for line in block.group(1).splitlines():
         words = shlex.split(line, comments=True)
@@ -60,7 +60,7 @@ def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_the_readme_tool_commands_run_as_written_in_a_fresh_clone(tmp_path):
     commands = readme_tool_commands()
     shown = [shlex.join(c) for c in commands]
-    # the commands the README promises work (if one is reworded, this names it)
+    # the commands the guide promises work (if one is reworded, this names it)
     assert "rlfactory tools call calculator.calculator '{\"expression\": \"2**100\"}'" in shown, shown
     assert "rlfactory tools list" in shown and "rlfactory setup-mcp" in shown, shown
     # a fresh clone's mcp_configs/, every shipped file in it (the commands read nothing else of the checkout)

@@ -140,3 +140,11 @@ def test_uncertain_roots_branch_early_and_sure_ones_at_at_turn(tmp_path):
     assert early <= {1}  # every turn surprises a policy at least 0 nats: branch after the first
     assert late <= {3}  # none surprises it that much: branch at at_turn
     assert early | late  # and some roots did play on past their branch point
+
+
+def test_rollout_refuses_a_sample_count_the_branches_do_not_divide(tmp_path):
+    proc = rlf("rollout", str(RECIPE), "--out", str(tmp_path / "t.jsonl"), "--samples", "3",
+               *_sets(["rollout.branching.width=2"]))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "rollout.branching.width (2) must divide it" in proc.stdout + proc.stderr
+    assert not (tmp_path / "t.jsonl").exists()
