@@ -21,6 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from rlfactory.recipe.schema import Recipe
+from rlfactory.report.charts import SECTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "report"))
@@ -101,9 +102,11 @@ def test_the_cli_reference_names_every_command_and_option(site):
 
 def test_the_site_is_built_from_every_page_and_fetches_nothing(site):
     for page in ("index.html", "getting-started/quickstart.html", "guides/mcp-tools.html", "reference/python.html",
-                 "benchmarks/measurements.html", "verl.html"):
+                 "reference/metrics.html", "benchmarks/measurements.html", "verl.html"):
         assert (site / page).is_file(), page
     assert "redis_cache" in _text(site / "reference" / "python.html")  # mkdocstrings read the docstrings
+    metrics = _text(site / "reference" / "metrics.html")
+    assert all(k in metrics for s in SECTIONS for _, _, keys in s["charts"] for k in keys)
     # no fonts or scripts from the network: the site works offline (Material's `font: false`)
     for page in site.rglob("*.html"):
         text = page.read_text()
