@@ -114,6 +114,21 @@ def test_the_site_is_built_from_every_page_and_fetches_nothing(site):
         assert not re.search(r"<script[^>]+src=\"https?://", text), page
 
 
+def test_lists_written_for_github_render_as_lists(site):
+    """The pages are written for GitHub's Markdown (a list right under a paragraph, two-space nesting);
+    docs/_hooks/github_lists.py makes Python-Markdown read them the same, so no paragraph holds a run of dashes."""
+    bad = []
+    for page in site.rglob("*.html"):
+        if "|---|" in page.read_text():  # a table inside a list item that stayed text
+            bad.append(f"{page.relative_to(site)}: a table left as text")
+        for para in re.findall(r"<p>(.*?)</p>", page.read_text(), re.DOTALL):
+            if re.search(r"(?:^|\n)\s*(?:-|\d+\.) \S", para):
+                bad.append(f"{page.relative_to(site)}: {para[:80]!r}")
+    assert not bad, "\n".join(bad[:10])
+    nested = (site / "environments.html").read_text()
+    assert re.search(r"<li><strong>BabyAI.</strong>.*?<ul>\s*<li>", nested, re.DOTALL)  # two-space nesting nests
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
