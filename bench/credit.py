@@ -2,7 +2,8 @@
 same wall-clock budget of RL (BabyAI and TextCraft, 2 cores).
 
     python bench/credit.py --json bench/results/credit.json [--envs babyai,textcraft] [--seeds 0,1] [--minutes 15]
-                           [--method turn|branch|both] [--ablation] [--warm babyai=DIR,textcraft=DIR]
+                           [--method turn|branch|both] [--ablation | --methods turn,branch]
+                           [--warm babyai=DIR,textcraft=DIR]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped learning recipes
 (`recipes/<env>_learn.yaml`) started from the strongest warm start the project's commands make (`models/babyai-namer`
@@ -134,6 +135,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=15.0, help="training budget of every run (trainer.max_minutes)")
     ap.add_argument("--method", default="turn", choices=["turn", "branch", "both"], help="the shipped method")
     ap.add_argument("--ablation", action="store_true", help="also run the other methods")
+    ap.add_argument("--methods", default="", help="comma-separated: run exactly these beside flat GRPO (the first "
+                                                  "is the shipped one; overrides --method and --ablation)")
     ap.add_argument("--warm", default="", help="env=DIR,...: other warm starts")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
@@ -151,6 +154,12 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="credit_"))
     chosen = [args.method] + ([m for m in ("turn", "branch", "both") if m != args.method] if args.ablation else [])
+    if args.methods:
+        chosen = [m for m in args.methods.split(",") if m]
+        unknown = sorted(set(chosen) - {"turn", "branch", "both"})
+        if unknown:
+            raise SystemExit(f"--methods: unknown {', '.join(unknown)} (known: turn, branch, both)")
+        args.method = chosen[0]
     result: dict[str, Any] = {"seeds": seeds, "minutes": args.minutes, "method": args.method, "runs": {}}
     for env in envs:
         warm = evaluate(env, RECIPES[env], work / env / "warm", warm_starts[env])
