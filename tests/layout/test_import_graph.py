@@ -1,6 +1,6 @@
 """The package's import graph, read from the source (every import, also those inside functions): no module takes
-part in an import cycle, and no folder imports one that comes later in the data path. The order is docs/concepts/architecture.md's
-architecture section: recipe -> data -> models -> tools -> envs -> rollout -> reward -> rollout_side -> algorithms ->
+part in an import cycle, and no folder imports one that comes later in the data path. The order is the one of
+docs/concepts/architecture.md: recipe -> data -> models -> tools -> envs -> rollout -> reward -> rollout_side -> algorithms ->
 report -> serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
 from __future__ import annotations
 
