@@ -1,10 +1,11 @@
 """A self-contained HTML transcript viewer: one file (inline CSS and JS, no external assets) that opens in any browser.
 
-A branched group (`rollout.branching`) is shown as a tree above its trajectories (roots, branches, rewards), and a
-later branch folds the turns it shares with its root. Each trajectory shows its prompt, its turns (policy tokens highlighted, tool/template tokens greyed: the loss mask
-made visible), the tool calls with arguments, latency, cache hits and errors, the finish reason, and the reward with
-its components when present. Filters narrow the list by finish reason, reward range and text; a toggle switches a
-trajectory to a per-token view (one box per token, coloured by its mask bit) when token texts were supplied.
+A branched group (`rollout.branching`) is shown as a tree above its trajectories (roots, branches, rewards), and a later
+branch folds the turns it shares with its root. Each trajectory shows its prompt, its turns (policy tokens highlighted,
+tool/template tokens greyed: the loss mask made visible), the tool calls with arguments, latency, cache hits and errors,
+the finish reason, and the reward with its components when present. Filters narrow the list by finish reason, reward
+range and text; a toggle switches a trajectory to a per-token view (one box per token, coloured by its mask bit) when
+token texts were supplied.
 
 Everything is rendered server-side with `html.escape`; the JS only filters and toggles, and the per-token data sits
 in `<script type="application/json">` blocks with `<`, `>` and `&` escaped, so transcript text cannot inject markup.

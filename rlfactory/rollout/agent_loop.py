@@ -385,8 +385,9 @@ class AgentLoop:
         branching: bool = False,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """`samples_per_prompt` trajectories per task (one GRPO group each, `run_group`; branched only with
-        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories`). Returns trajectories in (task, sample) order and `rollout/*` + `tools/*`
-        metrics. The ToolManager's counters are reset at the start, so `tools/*` covers this batch only."""
+        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories`).
+        Returns trajectories in (task, sample) order and `rollout/*` + `tools/*` metrics. The ToolManager's counters
+        are reset at the start, so `tools/*` covers this batch only."""
         n = samples_per_prompt or self.cfg.samples_per_prompt
         horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
         gate = asyncio.Semaphore(self.cfg.max_concurrent_trajectories)

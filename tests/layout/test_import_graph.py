@@ -1,7 +1,7 @@
 """The package's import graph, read from the source (every import, also those inside functions): no module takes
 part in an import cycle, and no folder imports one that comes later in the data path. The order is the one of
-docs/concepts/architecture.md: recipe -> data -> models -> tools -> envs -> rollout -> reward -> rollout_side -> algorithms ->
-report -> serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
+docs/concepts/architecture.md: recipe -> data -> models -> tools -> envs -> rollout -> reward -> rollout_side ->
+algorithms -> report -> serve -> warmup -> trainer -> verl -> preflight -> api -> cli."""
 from __future__ import annotations
 
 import ast
@@ -94,7 +94,8 @@ def _layer(module: str) -> int | None:
 
 def test_every_module_has_a_layer():
     missing = sorted(m for m in MODULES if m != FACADE and _layer(m) is None)
-    assert not missing, f"modules outside every layer (add their folder to LAYERS and to docs/concepts/architecture.md): {missing}"
+    assert not missing, (f"modules outside every layer (add their folder to LAYERS and to "
+                         f"docs/concepts/architecture.md): {missing}")
 
 
 def test_no_import_cycles():

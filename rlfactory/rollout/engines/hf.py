@@ -12,13 +12,13 @@ the trainer must then not step the optimizer while a rollout is generating. With
 weights of an asynchronous run, followed with `follow_weights`) the worker loads a newer published version before
 each step, so requests in flight continue under the new weights (their KV cache from the old ones is kept). Every
 sampled token is stamped with `policy_version`, the version of the weights that sampled it.
-Prefix cache (`prefix_cache=True`): requests prefilled together with the same prompt (a GRPO group's samples) run
-it through the model once and share its keys/values; and a finished request's keys/values are parked
-(`hf_prefix.ParkedKV`), so the next turn of its conversation prefills only the tool response and what follows
-(the branches of a branched group, admitted together, all continue their root's parked entry). Parked entries are valid while the weights stay those that computed them, or pushed versions (`weight_source`)
-that conversations in flight carry on under, as rows in the running batch do; any other change of the weights (an
-optimizer step on a shared model, `update_weights`) invalidates them. The same maths as prefilling everything, up
-to float summation order.
+Prefix cache (`prefix_cache=True`): requests prefilled together with the same prompt (a GRPO group's samples) run it
+through the model once and share its keys/values; and a finished request's keys/values are parked
+(`hf_prefix.ParkedKV`), so the next turn of its conversation prefills only the tool response and what follows (the
+branches of a branched group, admitted together, all continue their root's parked entry). Parked entries are valid while
+the weights stay those that computed them, or pushed versions (`weight_source`) that conversations in flight carry on
+under, as rows in the running batch do; any other change of the weights (an optimizer step on a shared model,
+`update_weights`) invalidates them. The same maths as prefilling everything, up to float summation order.
 Left out: prefix sharing across conversations beyond identical prompts, speculative decoding, paged attention (use
 the vLLM engine for those).
 See `hf_sampling` for the logprob convention.
