@@ -276,6 +276,17 @@ def test_shipped_warm_start_is_small_and_passes_its_check(env, model):
     assert 0.0 < check["success"] < 1.0, check
 
 
+def test_the_shipped_strongest_babyai_start_is_stage_1_of_the_warm_up():
+    """models/babyai-namer, the start bench/credit.py measures RL from: stage 1's output as its recipe makes it (bf16, a
+    few MB, checked usable when it was made), which stage 2 (recipes/babyai_learn_sft.yaml) continues."""
+    warm = REPO / "models" / "babyai-namer"
+    summary = json.loads((warm / "sft_summary.json").read_text())
+    assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
+    assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
+    assert summary["made_by"] == "rlfactory sft recipes/babyai_learn_namer_sft.yaml" and summary["steps"] == 4000
+    assert summary["check"]["usable"] and summary["check"]["errors"] == 0
+
+
 def test_textcraft_held_out_goals_are_never_trained_or_demonstrated():
     """The agentgym TextCraft split: 32 goals held out at random, the other 501 trained on, and the demonstration pool
     plays only those 501; the shipped files are what rlfactory.envs.tasks writes."""
