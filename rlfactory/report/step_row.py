@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from rlfactory.rollout.agent_loop import rollout_metrics
+from rlfactory.rollout.metrics import rollout_metrics
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.tools.counters import tool_metrics
 

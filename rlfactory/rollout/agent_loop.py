@@ -21,7 +21,7 @@ row with `env: {server, task_id}` has its episode reset before the first turn, t
 prompt as a user message; the trajectory's episodes are closed when it ends, whatever the reason.
 
 Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
-(`truncation.py`), batching inside the engine (`engines/hf.py`).
+(`truncation.py`), batching inside the engine (`engines/hf.py`), a batch's metrics (`metrics.py`).
 """
 from __future__ import annotations
 
@@ -29,16 +29,16 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, get_args
+from typing import TYPE_CHECKING, Any, Callable
 
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
 from rlfactory.rollout.horizon import horizon_for_step
-from rlfactory.rollout.trajectory import Branch, FinishReason, ToolCallRecord, Trajectory, TurnSpan
+from rlfactory.rollout.metrics import rollout_metrics
+from rlfactory.rollout.trajectory import Branch, ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
 from rlfactory.tools.format import parse_tool_calls, response_text
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
     from rlfactory.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
-
-FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
-
 
 def mix_seed(*parts: int) -> int:
     """A 63-bit seed from integers (splitmix64 steps): per-trajectory and per-turn seeds that do not collide."""
@@ -406,47 +403,3 @@ class AgentLoop:
         if self.tools is not None:
             metrics.update(self.tools.metrics())
         return trajs, metrics
-
-
-def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dict[str, float]:
-    """`rollout/*` metrics of a batch: turns, finish reasons, errors, tokens, tool calls, timings."""
-    count = len(trajs)
-    if count == 0:
-        return {"rollout/trajectories": 0}
-
-    def mean(xs: list[float]) -> float:
-        return sum(xs) / len(xs) if xs else 0.0
-
-    reasons = Counter(t.finish_reason for t in trajs)
-    calls = [len(t.tool_calls) for t in trajs]
-    m: dict[str, float] = {
-        "rollout/trajectories": count,
-        "rollout/num_turns_mean": mean([t.num_turns for t in trajs]),
-        "rollout/num_turns_max": max(t.num_turns for t in trajs),
-        "rollout/response_tokens_mean": mean([len(t.response_ids) for t in trajs]),
-        "rollout/response_tokens_max": max(len(t.response_ids) for t in trajs),
-        "rollout/policy_tokens_mean": mean([sum(t.loss_mask) for t in trajs]),
-        # what the policy sampled: a branch's copy of its root's tokens was sampled once, by the root
-        "rollout/generated_tokens": sum(sum(t.loss_mask) - (sum(t.loss_mask[:t.branch.prefix_tokens])
-                                                            if t.branch is not None and t.branch.child > 0 else 0)
-                                        for t in trajs),
-        "rollout/prompt_tokens_mean": mean([len(t.prompt_ids) for t in trajs]),
-        "rollout/tool_calls_mean": mean(calls),
-        "rollout/tool_calls": sum(calls),
-        "rollout/tool_call_errors": sum(c.is_error for t in trajs for c in t.tool_calls),
-        "rollout/errors": reasons.get("error", 0),
-        "rollout/infra_failed": sum(t.infra_failed for t in trajs),
-        "rollout/generate_s_mean": mean([t.timings.get("generate_s", 0.0) for t in trajs]),
-        "rollout/tools_s_mean": mean([t.timings.get("tools_s", 0.0) for t in trajs]),
-    }
-    for reason in FINISH_REASONS:
-        m[f"rollout/finish_{reason}"] = reasons.get(reason, 0)
-    branches = [t for t in trajs if t.branch is not None and t.branch.child > 0]
-    if branches:  # a branched group: what its branches shared with their roots, and how many went on
-        m["rollout/branches"] = len(branches)
-        m["rollout/branches_went_on"] = sum(t.num_turns > t.branch.prefix_turns for t in branches)
-        m["rollout/branch_shared_tokens"] = sum(t.branch.prefix_tokens for t in branches)
-    if wall_s is not None:
-        m["rollout/wall_s"] = wall_s
-        m["perf/rollout_tokens_per_s"] = sum(len(t.response_ids) for t in trajs) / wall_s if wall_s > 0 else 0.0
-    return m
