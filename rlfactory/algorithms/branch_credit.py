@@ -51,9 +51,9 @@ def _mean(xs: list[float]) -> float | None:
 
 def branch_advantages(trajs: list[Trajectory], *, norm_by_std: bool) -> list[tuple[float, float]]:
     """Per trajectory (in order): (its shared prefix's advantage, its own continuation's advantage)."""
-    groups: dict[str | None, list[int]] = defaultdict(list)
+    groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajs):
-        groups[t.group_id if t.group_id is not None else t.task_id].append(i)
+        groups[t.group_key].append(i)
     out: list[tuple[float, float]] = [(0.0, 0.0)] * len(trajs)
     for members in groups.values():
         rewards = {i: float(trajs[i].reward or 0.0) for i in members}

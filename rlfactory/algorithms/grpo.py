@@ -105,7 +105,7 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
             lp = traj.logprobs[:rl] + [0.0] * (rl - len(traj.logprobs))
             old[i, :rl] = torch.tensor(lp, dtype=torch.float32)
             rewards[i, :rl] = torch.tensor(token_level_rewards(traj), dtype=torch.float32)
-        index[i] = traj.group_id if traj.group_id is not None else f"{traj.task_id}"
+        index[i] = traj.group_key
     old = old * mask  # logprobs of tool tokens are meaningless: keep them out of ratios and KL
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]
     return GRPOBatch(input_ids, attn, position_ids, input_ids[:, p:].clone(), mask, old, rewards, index, p)

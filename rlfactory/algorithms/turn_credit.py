@@ -138,9 +138,9 @@ def turn_advantages(trajs: list[Trajectory], cfg: TurnCreditConfig, *, norm_by_s
                     episode: list[float]) -> list[list[float]]:
     """Per trajectory (in `trajs`' order), per assistant turn: its advantage. Groups are `group_id`s; `episode`:
     each trajectory's episode-level GRPO advantage (what `anchors` adds its step term to)."""
-    groups: dict[str | None, list[int]] = defaultdict(list)
+    groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajs):
-        groups[t.group_id if t.group_id is not None else t.task_id].append(i)
+        groups[t.group_key].append(i)
     out: list[list[float]] = [[] for _ in trajs]
     for members in groups.values():
         advs = _group_turn_advantages([trajs[i] for i in members], cfg, norm_by_std, [episode[i] for i in members])
@@ -153,9 +153,9 @@ def company_fraction(trajs: list[Trajectory], cfg: TurnCreditConfig) -> float:
     """The share of assistant turns whose baseline came from other trajectories of their group (`returns`: another
     one reached the same turn; `anchors`: another one visited the same state): how much the estimator had to work
     with (the `credit/turns_with_company` metric; anchors need states that recur)."""
-    groups: dict[str | None, list[Trajectory]] = defaultdict(list)
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
-        groups[t.group_id if t.group_id is not None else t.task_id].append(t)
+        groups[t.group_key].append(t)
     turns = with_company = 0
     for group in groups.values():
         keys = [list(range(t.num_turns)) if cfg.estimator == "returns" else turn_states(t) for t in group]

@@ -110,6 +110,12 @@ class Trajectory(BaseModel):
     """Its place in a branched group's tree; None in a flat group."""
 
     @property
+    def group_key(self) -> str:
+        """The GRPO group it is compared within: its `group_id`, else its task's id (advantages and baselines group
+        by this, grpo.py and the credit estimators alike)."""
+        return self.group_id if self.group_id is not None else f"{self.task_id}"
+
+    @property
     def infra_failed(self) -> bool:
         """Hit by an infrastructure failure (a tool call that failed for one, or a rollout that raised): no training
         signal, so the trainer keeps it out of the loss and of its group's statistics."""
