@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from rlfactory.envs.protocol import takes_episode
+from rlfactory.envs.protocol import fork_tools, takes_episode
 from rlfactory.errors import ConfigError
 from rlfactory.models.loading import pad_id_of
 from rlfactory.recipe.schema import Recipe
@@ -78,7 +78,7 @@ def check_can_branch(recipe: Recipe, specs: list[ToolSpec], loop_specs: list[Too
     if recipe.rollout.branching.width <= 1:
         return
     holding = {s.server for s in specs if takes_episode(s)}
-    forking = {s.server for s in loop_specs if s.tool == "fork" and takes_episode(s)}
+    forking = set(fork_tools(loop_specs))
     if holding - forking:
         raise ConfigError(f"rollout.branching: environment server(s) {', '.join(sorted(holding - forking))} cannot "
                           f"fork an episode (no `fork` tool in their tool list), so a group cannot branch in them; "

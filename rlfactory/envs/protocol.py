@@ -65,11 +65,16 @@ def close_calls(specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_
             for s in specs if s.server in used and s.tool == "close" and takes_episode(s)]
 
 
+def fork_tools(loop_specs: Iterable[ToolSpec]) -> dict[str, ToolSpec]:
+    """The servers that can fork an episode, each with its loop-only `fork` tool."""
+    return {s.server: s for s in loop_specs if s.tool == "fork" and takes_episode(s)}
+
+
 def fork_calls(loop_specs: Iterable[ToolSpec], used_servers: Iterable[str], episode_id: str,
                into: str) -> list[ToolCall]:
     """One `fork` call per environment server in `used_servers`: copy episode `episode_id` into `into`. Raises
     ValueError naming a server that has no loop-only `fork` tool (it cannot branch)."""
-    forks = {s.server: s for s in loop_specs if s.tool == "fork" and takes_episode(s)}
+    forks = fork_tools(loop_specs)
     missing = sorted(set(used_servers) - set(forks))
     if missing:
         raise ValueError(f"environment server(s) {', '.join(missing)} cannot fork an episode (no `fork` tool): "
