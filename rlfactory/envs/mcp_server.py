@@ -132,11 +132,18 @@ def _connection(rc: Any) -> Any:
     return getattr(rc.session, "_connection", rc.session)
 
 
-def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, **extra: Any) -> CallToolResult:
-    """A step as an MCP result: readable text for the policy, structured fields for the loop and rewards."""
+def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: str | None = None) -> CallToolResult:
+    """A step as an MCP result: readable text for the policy, structured fields for the loop and rewards (`state`
+    among them when the environment knows it, `env_state`)."""
+    extra = {} if state is None else {"state": state}
     structured = result.to_structured(episode_id=key.split(":", 1)[1], steps=ep.steps if ep else 0, **extra)
     structured["task_id"] = result.info.get("task_id")
     return CallToolResult(content=[TextContent(type="text", text=result.render())], structured_content=structured)
+
+
+def no_episode(key: str) -> CallToolResult:
+    """The answer to a call on an episode that is not open."""
+    return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
 
 
 def env_state(env: Any) -> str | None:
@@ -202,7 +209,7 @@ class EnvServer:
         except RuntimeError as e:  # the registry is drained: the server is on its way out
             return error_result(ServerStopping(str(e)))
         if ep is None:
-            return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+            return no_episode(key)
         with ep.lock:
             if create:
                 ep.steps = 0
@@ -214,7 +221,7 @@ class EnvServer:
             if not create:
                 ep.steps += 1
             state = env_state(ep.env)
-        return tool_result(result, ep, key, **({} if state is None else {"state": state}))
+        return tool_result(result, ep, key, state)
 
     def fork(self, episode_id: str, into: str, ctx: Context | None) -> CallToolResult:
         """Copy the caller's episode into a new episode named `into` (`Env.fork`), owned by the same connection;
@@ -225,7 +232,7 @@ class EnvServer:
         into_key = self.keys.key(into, None)
         ep = self.registry.get(key)
         if ep is None:
-            return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+            return no_episode(key)
         with ep.lock:
             try:
                 env = ep.env.fork()
@@ -241,8 +248,7 @@ class EnvServer:
             if isinstance(e, RuntimeError):
                 return error_result(ServerStopping(str(e)))
             return error_result(EnvError(f"episode {into!r} is open already: fork into a new id"))
-        state = env_state(env)
-        return tool_result(result, new, into_key, **({} if state is None else {"state": state}))
+        return tool_result(result, new, into_key, env_state(env))
 
     def run(self) -> None:
         """Serve over stdio until the client goes (stdin EOF) or SIGTERM; close every open episode then."""
@@ -354,7 +360,7 @@ def build_env_server(
         key = es.keys.key(episode_id, ctx)
         ep = es.registry.get(key)
         if ep is None:
-            return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+            return no_episode(key)
         with ep.lock:
             try:
                 text = ep.env.observe()
