@@ -239,9 +239,11 @@ def token_text_of(tokenizer: Any | None) -> Callable[[int], str] | None:
     return lambda tid: tokenizer.decode([tid], skip_special_tokens=False)
 
 
-def _trees(trajs: list[Trajectory]) -> dict[int, str]:
+def _trees(trajs: list[Trajectory], link: Callable[[int, Trajectory], str] = lambda i, t: f'href="#t{i}"'
+           ) -> dict[int, str]:
     """For each branched group, its tree (roots, their branches with reward and finish, linked), keyed by the index of
-    the group's first trajectory: shown above it."""
+    the group's first trajectory: shown above it. `link(i, t)`: the attributes of branch i's link (an anchor on the
+    viewer's page by default)."""
     groups: dict[str | None, list[int]] = {}
     for i, t in enumerate(trajs):
         if t.branch is not None:
@@ -255,8 +257,8 @@ def _trees(trajs: list[Trajectory]) -> dict[int, str]:
         for r, leaves in sorted(roots.items()):
             first = trajs[leaves[0]].branch
             branches = "".join(
-                f'<li><a href="#t{i}">branch {trajs[i].branch.child}</a> · {_e(trajs[i].finish_reason)} · reward '
-                f'{_e("–" if trajs[i].reward is None else f"{trajs[i].reward:.4g}")} · '
+                f'<li><a {link(i, trajs[i])}>branch {trajs[i].branch.child}</a> · {_e(trajs[i].finish_reason)} · '
+                f'reward {_e("–" if trajs[i].reward is None else f"{trajs[i].reward:.4g}")} · '
                 f"{trajs[i].num_turns - first.prefix_turns} turns of its own</li>" for i in leaves)
             items.append(f"<li>root {r}: {first.prefix_turns} turns shared ({first.prefix_tokens} tokens)"
                          f"<ul>{branches}</ul></li>")
@@ -265,13 +267,9 @@ def _trees(trajs: list[Trajectory]) -> dict[int, str]:
 
 
 def group_tree_html(group: list[Trajectory]) -> str:
-    """A branched group's tree (`_trees`) for pages that show one trajectory at a time (the dashboard); its links
-    name the trajectories by id."""
-    trees = _trees(group)
-    html_ = next(iter(trees.values()), "")
-    for i, t in enumerate(group):
-        html_ = html_.replace(f'href="#t{i}"', f'data-id="{_e(t.id)}" href="#"')
-    return html_
+    """A branched group's tree (`_trees`) for pages that show one trajectory at a time (the dashboard): its links name
+    the trajectories by id (`data-id`), for the page to open."""
+    return next(iter(_trees(group, lambda i, t: f'data-id="{_e(t.id)}" href="#"').values()), "")
 
 
 def render_html(
