@@ -5,28 +5,14 @@ and the verl engine refuses it naming model.path."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import REPO, SPREAD_REWARD, rlf
 
-REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "agentgym_textcraft_smoke.yaml"
 
-# A random model's env reward is 0 for every sample, so every GRPO group ties and the update has nothing to do. This
-# reward differs between samples (a hash of the sampled ids), which is all the update needs to run forward/backward.
-SPREAD_REWARD = '''
-def id_spread(trajectory):
-    return (sum(trajectory.response_ids) % 101) / 100
-'''
-
-
-def rlf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "rlfactory.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
 
 
 def test_textcraft_smoke_recipe_trains_one_step_on_tiny_random(tmp_path):
@@ -34,7 +20,7 @@ def test_textcraft_smoke_recipe_trains_one_step_on_tiny_random(tmp_path):
     reward_file.write_text(SPREAD_REWARD)
     out = tmp_path / "run"
     proc = rlf("train", str(RECIPE), "--output-dir", str(out), "--set", "trainer.total_steps=1",
-               "--set", f"rewards.functions.1={{function: '{reward_file}:id_spread', weight: 1.0}}")
+               "--set", f"rewards.functions.1={{function: '{reward_file}:id_spread', weight: 1.0}}", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     (row,) = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
@@ -53,7 +39,7 @@ def test_textcraft_smoke_recipe_trains_one_step_on_tiny_random(tmp_path):
 
 def test_textcraft_smoke_recipe_rollout_shows_the_first_observation(tmp_path):
     out = tmp_path / "trajs.jsonl"
-    proc = rlf("rollout", str(RECIPE), "--limit", "1", "--out", str(out))
+    proc = rlf("rollout", str(RECIPE), "--limit", "1", "--out", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trajs = [json.loads(ln) for ln in out.read_text().splitlines() if ln.strip()]
     assert len(trajs) == 2
@@ -136,7 +122,7 @@ def test_rollout_summary_counts_infra_failures(tmp_path, free_port):
                  "--timeout-s", "2", "--state-dir", str(tmp_path / "state")],
         "rlfactory": {"cache": False}}}}))
     proc = rlf("rollout", str(RECIPE), "--limit", "1", "--out", str(tmp_path / "t.jsonl"),
-               "--set", f"tools.mcp_configs=[{cfg}]")
+               "--set", f"tools.mcp_configs=[{cfg}]", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if "rollout/infra_failed" in ln]
     assert line.replace("│", " ").split() == ["rollout/infra_failed", "2"], proc.stdout

@@ -5,41 +5,23 @@ the TextCraft warm start (models/textcraft-crafter) against the real server."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import REPO, SPREAD_REWARD, rlf, sets
 
 from rlfactory.algorithms.turn_credit import turn_states
 from rlfactory.rollout.trajectory import Trajectory
 
-REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "textcraft_learn.yaml"
 SMALL = ["trainer.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.horizon={type: fixed, turns: 4}",
          "algorithm.micro_batch_size=8", "trainer.save_every_steps=0", "trainer.log.tensorboard=false"]
-# The warm start often fails every sample of a group alike at 4 turns, which leaves nothing to train; this reward
-# differs between samples (a hash of the sampled ids), so every step has turns to credit.
-SPREAD_REWARD = '''
-def id_spread(trajectory):
-    return (sum(trajectory.response_ids) % 101) / 100
-'''
-
-
-def rlf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "rlfactory.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
-
-
-def _sets(pairs: list[str]) -> list[str]:
-    return [a for p in pairs for a in ("--set", p)]
+# The warm start often fails every sample of a group alike at 4 turns, which leaves nothing to train: the runs here
+# add SPREAD_REWARD, so every step has turns to credit.
 
 
 def test_textcraft_reports_its_state_with_every_step_and_turns_take_it(tmp_path):
     out = tmp_path / "trajs.jsonl"
-    proc = rlf("rollout", str(RECIPE), "--limit", "2", "--out", str(out), *_sets(SMALL))
+    proc = rlf("rollout", str(RECIPE), "--limit", "2", "--out", str(out), *sets(SMALL))
     assert proc.returncode == 0, proc.stderr[-3000:]
     trajs = [Trajectory.model_validate_json(ln) for ln in out.read_text().splitlines() if ln.strip()]
     steps = [c for t in trajs for c in t.tool_calls if c.name.endswith("step") and not c.is_error]
@@ -63,7 +45,7 @@ def test_textcraft_trains_with_turn_credit_in_both_loops(tmp_path, estimator, k)
     reward_file = tmp_path / "spread.py"
     reward_file.write_text(SPREAD_REWARD)
     out = tmp_path / "run"
-    proc = rlf("train", str(RECIPE), "--output-dir", str(out), *_sets(SMALL + [
+    proc = rlf("train", str(RECIPE), "--output-dir", str(out), *sets(SMALL + [
         "trainer.total_steps=2", f"trainer.max_staleness_steps={k}", f"algorithm.turn_credit.estimator={estimator}",
         f"rewards.functions.1={{function: '{reward_file}:id_spread', weight: 1.0}}"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,7 +63,7 @@ BRANCHED = ["rollout.branching.width=2", "rollout.branching.at_turn=1"]
 
 def test_branches_go_on_in_forks_of_their_roots_episode(tmp_path):
     out = tmp_path / "trajs.jsonl"
-    proc = rlf("rollout", str(RECIPE), "--limit", "4", "--out", str(out), *_sets(SMALL + BRANCHED))
+    proc = rlf("rollout", str(RECIPE), "--limit", "4", "--out", str(out), *sets(SMALL + BRANCHED))
     assert proc.returncode == 0, proc.stderr[-3000:]
     trajs = [Trajectory.model_validate_json(ln) for ln in out.read_text().splitlines() if ln.strip()]
     assert len(trajs) == 16 and all(t.branch is not None for t in trajs)
@@ -113,7 +95,7 @@ def test_textcraft_trains_branched_groups_in_both_loops(tmp_path, k):
     reward_file = tmp_path / "spread.py"
     reward_file.write_text(SPREAD_REWARD)
     out = tmp_path / "run"
-    proc = rlf("train", str(RECIPE), "--output-dir", str(out), *_sets(SMALL + BRANCHED + [
+    proc = rlf("train", str(RECIPE), "--output-dir", str(out), *sets(SMALL + BRANCHED + [
         "trainer.total_steps=2", f"trainer.max_staleness_steps={k}",
         f"rewards.functions.1={{function: '{reward_file}:id_spread', weight: 1.0}}"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -128,7 +110,7 @@ def test_textcraft_trains_branched_groups_in_both_loops(tmp_path, k):
 def test_uncertain_roots_branch_early_and_sure_ones_at_at_turn(tmp_path):
     def prefix_turns(uncertainty: float) -> set[int]:
         out = tmp_path / f"u{uncertainty}.jsonl"
-        proc = rlf("rollout", str(RECIPE), "--limit", "2", "--out", str(out), *_sets(SMALL + [
+        proc = rlf("rollout", str(RECIPE), "--limit", "2", "--out", str(out), *sets(SMALL + [
             "rollout.branching.width=2", "rollout.branching.at_turn=3", "rollout.branching.when=uncertain",
             f"rollout.branching.uncertainty={uncertainty}"]))
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -144,7 +126,7 @@ def test_uncertain_roots_branch_early_and_sure_ones_at_at_turn(tmp_path):
 
 def test_rollout_refuses_a_sample_count_the_branches_do_not_divide(tmp_path):
     proc = rlf("rollout", str(RECIPE), "--out", str(tmp_path / "t.jsonl"), "--samples", "3",
-               *_sets(["rollout.branching.width=2"]))
+               *sets(["rollout.branching.width=2"]))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "rollout.branching.width (2) must divide it" in proc.stdout + proc.stderr
     assert not (tmp_path / "t.jsonl").exists()

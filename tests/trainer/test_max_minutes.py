@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import REPO, rlf
 
-REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "quickstart.yaml"
-
-
-def rlf(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlfactory.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, check=False)
 
 
 @pytest.mark.parametrize("k", [0, 1])
