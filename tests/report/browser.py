@@ -8,6 +8,7 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -100,8 +101,13 @@ class Browser:
         return wait_for(probe, timeout_s, what or expression, self.proc)
 
     def screenshot(self, path: Path) -> Path:
+        """The page as a PNG at `path`; kept as a CI artifact too when `RLFACTORY_TEST_ARTIFACTS` names a folder."""
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
         path.write_bytes(base64.b64decode(data))
+        artifacts = os.environ.get("RLFACTORY_TEST_ARTIFACTS")
+        if artifacts:  # CI keeps it
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(artifacts) / path.name)
         return path
 
     def close(self) -> None:
