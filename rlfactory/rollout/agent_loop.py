@@ -163,11 +163,10 @@ class AgentLoop:
 
     async def _play(self, live: _Live, task: dict[str, Any] | None, horizon: int, sampling: SamplingParams | None,
                     seed: int | None, *, start: int = 0, stop: Callable[[Trajectory, int], bool] | None = None
-                    ) -> bool:
+                    ) -> None:
         """Open the episode (when `task` is given: the trajectory's start) and play turns `start`.. until the
-        trajectory ends, or until `stop(traj, turn)` says to pause before turn `turn` (then True: it paused there,
-        still going). A failure ends it as an
-        error, recorded on the trajectory."""
+        trajectory ends, or until `stop(traj, turn)` says to pause before turn `turn` (`live.going` stays True: it
+        paused there). A failure ends it as an error, recorded on the trajectory."""
         traj, t0 = live.traj, time.perf_counter()
         try:
             if task is not None:
@@ -179,7 +178,6 @@ class AgentLoop:
                 traj.prompt_ids = self.chat.prompt_ids(traj.messages)
             live.going = await self._turns(traj, horizon, sampling or self.default_sampling(), seed, live.timings,
                                            live.env, start=start, stop=stop)
-            return live.going
         except asyncio.CancelledError:
             raise  # no close: the servers' idle expiry frees a cancelled trajectory's episodes
         except Exception as e:  # a failed rollout is data: recorded and counted, the batch goes on
@@ -188,7 +186,6 @@ class AgentLoop:
             logger.warning("trajectory %s failed: %s", traj.id, traj.error)
             logger.debug("trajectory %s traceback:\n%s", traj.id, traceback.format_exc())
             live.going = False
-            return False
         finally:
             live.timings["total_s"] += time.perf_counter() - t0
 
@@ -232,16 +229,15 @@ class AgentLoop:
         async with gate:
             root = self._start(task, k0, group_id, horizon)
             await self._play(root, task, horizon, sampling, seeds[k0], stop=self._branch_here)
-        at_turn = root.traj.num_turns
         point = Branch(root=r, child=0, prefix_tokens=len(root.traj.response_ids),
                        prefix_turns=root.traj.num_turns)
-        lives = [root] + [await self._branch(root, point, c, k0 + c) for c in range(1, width)]
+        lives = [root, *await asyncio.gather(*(self._branch(root, point, c, k0 + c) for c in range(1, width)))]
         root.traj.branch = point
 
         async def play_on(live: _Live, k: int) -> None:
             if live.going:
                 async with gate:
-                    await self._play(live, None, horizon, sampling, seeds[k], start=at_turn)
+                    await self._play(live, None, horizon, sampling, seeds[k], start=point.prefix_turns)
 
         await asyncio.gather(*(play_on(live, k0 + c) for c, live in enumerate(lives)))
         return [await self._end(live) for live in lives]
