@@ -403,8 +403,4 @@ def _shared_past(taken: list[Request], prompt: list[int]) -> Parked | None:
     """A parked entry another request of this admission took that `prompt` continues too (the branches of a
     branched group ask for their root's conversation at once: its keys/values are read, never written, so they
     serve every branch)."""
-    for r in taken:
-        past = r.past
-        if past is not None and len(past.tokens) < len(prompt) and tuple(prompt[:len(past.tokens)]) == past.tokens:
-            return past
-    return None
+    return next((r.past for r in taken if r.past is not None and r.past.continued_by(prompt)), None)

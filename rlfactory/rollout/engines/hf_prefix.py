@@ -25,6 +25,11 @@ class Parked:
     key: int
     """The weights that computed them (see `HFEngine._weights_key`)."""
 
+    def continued_by(self, prompt: list[int]) -> bool:
+        """Whether `prompt` goes on from these tokens (they are a proper prefix of it)."""
+        n = len(self.tokens)
+        return 0 < n < len(prompt) and prompt[n - 1] == self.tokens[-1] and tuple(prompt[:n]) == self.tokens
+
 
 class ParkedKV:
     def __init__(self, max_tokens: int):
@@ -57,7 +62,7 @@ class ParkedKV:
         best_key, best_len = None, 0
         for k, e in self._entries.items():
             n = len(e.tokens)
-            if best_len < n < len(prompt) and prompt[n - 1] == e.tokens[-1] and tuple(prompt[:n]) == e.tokens:
+            if n > best_len and e.continued_by(prompt):
                 best_key, best_len = k, n
         if best_key is None:
             return None
