@@ -65,6 +65,18 @@ def refuse_to_replace(output_dir: str | os.PathLike[str], *, resume: bool, overw
             f"--output-dir")
 
 
+def refuse_dry_run_over_run(output_dir: str | os.PathLike[str]) -> None:
+    """Raise when `output_dir` holds a run: a dry run writes its inputs (recipe, config) there and would leave the
+    run's metrics beside a recipe that did not make them. `--resume` may check there (a resume rewrites them)."""
+    out = Path(output_dir)
+    found = [name for name in RUN_MARKERS if (out / name).exists()] if out.is_dir() else []
+    if found:
+        raise RLFactoryError(
+            f"{out} already holds a run ({', '.join(found)}); --dry-run writes the verl inputs into the run folder "
+            f"and would replace that run's recipe and config, so nothing was written. Give the dry run another "
+            f"--output-dir, or add --resume to check the config a resume of that run would use")
+
+
 def clear_run_outputs(output_dir: str | os.PathLike[str]) -> list[str]:
     """Delete what a local run wrote (FRESH_RUN_OUTPUTS) from `output_dir`; the names deleted. Only under the lock."""
     out = Path(output_dir)

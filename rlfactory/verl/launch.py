@@ -36,7 +36,7 @@ from omegaconf import OmegaConf, open_dict
 from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import ConfigError, RLFactoryError
 from rlfactory.recipe.schema import Recipe
-from rlfactory.report.run_folder import lock_run_folder
+from rlfactory.report.run_folder import lock_run_folder, refuse_dry_run_over_run
 from rlfactory.verl.config import AGENT_LOOP_NAME, VerlFiles, agent_loop_entries, build_verl_config, resolve_device
 from rlfactory.verl.records import ATTEMPT_ENV
 from rlfactory.verl.run_folder import (
@@ -281,8 +281,11 @@ def run_verl(recipe: Recipe, *, dry_run: bool = False, resume: bool = False) -> 
     if recipe.engine != "verl" and not dry_run:
         raise ConfigError("engine is not verl; pass --engine verl", file=recipe.source)
     with contextlib.ExitStack() as held:
-        if not dry_run:  # one run per folder, as on the local engine (re-entrant: the CLI and the API hold it too)
-            held.enter_context(lock_run_folder(recipe.trainer.output_dir))
+        # one run per folder, as on the local engine (re-entrant: the CLI and the API hold it too); a dry run holds it
+        # too, since it writes the verl inputs (recipe.yaml, config.yaml, data/) into the folder
+        held.enter_context(lock_run_folder(recipe.trainer.output_dir))
+        if dry_run and not resume:
+            refuse_dry_run_over_run(recipe.trainer.output_dir)
         prepared = prepare(recipe, recipe.trainer.output_dir, resume=resume)
         if not dry_run:
             out = prepared.files.output_dir

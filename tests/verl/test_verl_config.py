@@ -208,3 +208,49 @@ def test_v1_trainer_is_used_when_transfer_queue_is_installed(translated):
     pytest.importorskip("transfer_queue")
     cfg = copy.deepcopy(next(iter(translated.values()))[1].config)
     assert task_runner_class(cfg) is main_ppo.TaskRunnerV1 and cfg.trainer.use_v1
+
+
+def test_a_dry_run_never_writes_over_a_run(tmp_path):
+    """`--dry-run` into a folder that holds a run refuses before writing (the run's recipe and config stay the ones
+    that made its metrics); `--resume` may check there; a folder a live run holds is refused naming the holder."""
+    import multiprocessing
+
+    from rlfactory.errors import RLFactoryError
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.verl.launch import run_verl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "recipe.yaml").write_text("# the recipe that made metrics.jsonl\n")
+    r = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml", ["engine=verl", f"trainer.output_dir={run}"])
+    with pytest.raises(RLFactoryError) as e:
+        run_verl(r, dry_run=True)
+    assert "already holds a run (metrics.jsonl)" in str(e.value) and "--output-dir" in str(e.value)
+    assert (run / "recipe.yaml").read_text() == "# the recipe that made metrics.jsonl\n"
+    assert not (run / "verl_config.yaml").exists()
+    assert run_verl(r, dry_run=True, resume=True)["launched"] is False  # resume's check writes what resume would
+
+    fresh = tmp_path / "fresh"
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_run_folder, args=(str(fresh), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        fr = Recipe.from_yaml(REPO / "recipes" / "quickstart.yaml", ["engine=verl", f"trainer.output_dir={fresh}"])
+        with pytest.raises(RLFactoryError) as e:
+            run_verl(fr, dry_run=True)
+        assert str(holder.pid) in str(e.value)
+        assert not (fresh / "verl_config.yaml").exists()
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def _hold_run_folder(folder: str, ready, release) -> None:
+    from rlfactory.report.run_folder import lock_run_folder
+
+    with lock_run_folder(folder):
+        ready.set()
+        release.wait(60)
