@@ -10,9 +10,12 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlfactory.errors import RLFactoryError
+
+if TYPE_CHECKING:  # the type only: the dashboard and report read run folders without loading the schema
+    from rlfactory.recipe.schema import Recipe
 from rlfactory.report.trackers import close_all, open_trackers, scalars
 
 logger = logging.getLogger(__name__)
@@ -29,7 +32,7 @@ class MetricsLog:
         self.trackers = list(trackers or [])
 
     @classmethod
-    def for_recipe(cls, recipe: Any, run_dir: Path, *, purge_step: int | None = None,
+    def for_recipe(cls, recipe: Recipe, run_dir: Path, *, purge_step: int | None = None,
                    exclude: tuple[str, ...] = ()) -> "MetricsLog":
         """metrics.jsonl plus the trackers of `trainer.loggers` (less `exclude`)."""
         return cls(run_dir, trackers=open_trackers(recipe, run_dir, purge_step=purge_step, exclude=exclude))

@@ -20,9 +20,12 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlfactory.errors import RLFactoryError
+
+if TYPE_CHECKING:  # the type only: the dashboard and report read run folders without loading the schema
+    from rlfactory.recipe.schema import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +168,7 @@ def missing_packages(loggers: list[str]) -> list[str]:
     return out
 
 
-def open_trackers(recipe: Any, run_dir: str | Path, *, purge_step: int | None = None,
+def open_trackers(recipe: Recipe, run_dir: str | Path, *, purge_step: int | None = None,
                   exclude: tuple[str, ...] = ()) -> list[Tracker]:
     """The trackers `recipe.trainer` asks for (all but `jsonl`, which MetricsLog writes itself, and `exclude`)."""
     run = Path(run_dir)
