@@ -1,14 +1,15 @@
 """BabyAI (minigrid) as a stateful MCP server (stdio), with text observations and named actions.
 
-Run: `python -m rlfactory.envs.tools.babyai [--task-set rlfactory|agentgym] [--max-episodes N]` (levels of the
-rlfactory task set: env RLFACTORY_BABYAI_LEVELS). `--task-set agentgym`: AgentGym's 40 levels, seeds and action
-words. The text rendering lives in `rlfactory/envs/babyai.py`.
+Run: `python -m rlfactory.envs.tools.babyai [--task-set rlfactory|agentgym] [--view text|pixels] [--max-episodes N]`
+(levels of the rlfactory task set: env RLFACTORY_BABYAI_LEVELS). `--task-set agentgym`: AgentGym's 40 levels, seeds
+and action words. `--view pixels`: the same tasks and actions, but each result shows the agent's view as a PNG image
+(MCP `ImageContent`) after a text with the mission and the load. The rendering lives in `rlfactory/envs/babyai.py`.
 """
 from __future__ import annotations
 
 import os
 
-from rlfactory.envs.babyai import ACTIONS, DEFAULT_LEVELS, TASK_SETS, BabyAIEnv
+from rlfactory.envs.babyai import ACTIONS, DEFAULT_LEVELS, TASK_SETS, VIEWS, BabyAIEnv
 from rlfactory.envs.mcp_server import build_env_server, server_args
 
 INSTRUCTIONS = (
@@ -28,7 +29,9 @@ def main() -> None:
     # Levels come from the environment variable so an mcpServers entry can set them without changing args.
     levels = tuple(x for x in os.environ.get("RLFACTORY_BABYAI_LEVELS", ",".join(DEFAULT_LEVELS)).split(",") if x)
     args = server_args("BabyAI MCP server (levels: env RLFACTORY_BABYAI_LEVELS, comma-separated)",
-                       task_sets=TASK_SETS)
+                       task_sets=TASK_SETS, extra=lambda p: p.add_argument(
+                           "--view", choices=VIEWS, default=VIEWS[0],
+                           help="text: the view in words; pixels: a picture of the view with each result"))
     if args.task_set == "agentgym":
         instructions = AGENTGYM_INSTRUCTIONS
         reset_doc = ("Start BabyAI task `task_id` (AgentGym's numbering: level task_id % 40, seed task_id // 40). "
@@ -42,8 +45,11 @@ def main() -> None:
                      "Returns the mission and what you see.")
         step_doc = ("Take one action: " + ", ".join(f"`{a}`" for a in ACTIONS) + ". Returns what you see, the "
                     "reward and whether the episode is done.")
+    if args.view == "pixels":
+        instructions = instructions.replace("seen in text", "seen in pictures") + (
+            " Each result shows what you see as a picture: you stand at its bottom centre, facing up.")
     es = build_env_server(
-        "babyai", lambda: BabyAIEnv(levels, task_set=args.task_set), instructions=instructions,
+        "babyai", lambda: BabyAIEnv(levels, task_set=args.task_set, view=args.view), instructions=instructions,
         reset_doc=reset_doc, step_doc=step_doc,
         max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, inline=True, forkable=True)
     es.run()

@@ -37,6 +37,12 @@ _ALIASES = {"left": "turn left", "right": "turn right", "forward": "go forward",
 _QUIET = threading.Lock()
 HELP = "Valid actions: " + ", ".join(ACTIONS) + "."
 TASK_SETS = ("rlfactory", "agentgym")
+VIEWS = ("text", "pixels")
+"""What an observation shows of the grid: words (`describe_view`), or a picture of the agent's 7x7 view (a PNG with
+each result, `BabyAIEnv.picture`) with the mission and the load in words."""
+PICTURE_NOTE = "What you see is in the picture: you stand at its bottom centre, facing up."
+TILE_PX = 16
+"""Pixels per grid cell of the picture: 7 x 16 = 112 pixels square (8 x 8 patches of 14 for Qwen-VL's encoder)."""
 
 
 def _offset_words(forward: int, right: int) -> str:
@@ -49,9 +55,14 @@ def _offset_words(forward: int, right: int) -> str:
     return " and ".join(parts) if parts else "right here"
 
 
-def describe_view(image, carrying_desc: str | None, mission: str, forward_word: str = "go forward") -> str:
+def describe_view(image, carrying_desc: str | None, mission: str, forward_word: str = "go forward",
+                  seen: bool = True) -> str:
     """Words for minigrid's egocentric (7, 7, 3) observation: agent at column 3, bottom row 6, facing up
-    (`forward_word`: the action that steps forward, as the task set names it)."""
+    (`forward_word`: the action that steps forward, as the task set names it). `seen=False` (the pixel view): the
+    mission and the load only, the view being the picture's."""
+    if not seen:
+        return "\n".join([f"Mission: {mission}", PICTURE_NOTE,
+                          f"You are carrying {carrying_desc}." if carrying_desc else "You are not carrying anything."])
     constants = import_extra("minigrid.core.constants", "BabyAI")  # called with an episode open: minigrid is loaded
     IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX = constants.IDX_TO_COLOR, constants.IDX_TO_OBJECT, constants.STATE_TO_IDX
 
@@ -94,10 +105,14 @@ def describe_view(image, carrying_desc: str | None, mission: str, forward_word: 
 class BabyAIEnv:
     """One BabyAI episode in text."""
 
-    def __init__(self, levels: tuple[str, ...] | list[str] = DEFAULT_LEVELS, task_set: str = "rlfactory"):
+    def __init__(self, levels: tuple[str, ...] | list[str] = DEFAULT_LEVELS, task_set: str = "rlfactory",
+                 view: str = "text"):
         if task_set not in TASK_SETS:
             raise ValueError(f"BabyAI task set {task_set!r}: use one of {', '.join(TASK_SETS)}")
+        if view not in VIEWS:
+            raise ValueError(f"BabyAI view {view!r}: use one of {', '.join(VIEWS)}")
         self.task_set = task_set
+        self.view = view
         self.levels = tuple(levels)
         self._words: AgentGymActions | None = None
         self._envs: dict[str, object] = {}
@@ -143,7 +158,7 @@ class BabyAIEnv:
 
     def state_key(self) -> str | None:
         """The level and task, the agent's cell, heading and load, and the grid (doors, moved objects): all a later
-        step depends on but the step count (mcp_server.env_state)."""
+        step depends on but the step count (results.env_state)."""
         if self._env is None:
             return None
         u = self._env.unwrapped
@@ -161,12 +176,26 @@ class BabyAIEnv:
             return "No task yet: call reset(task_id) first."
         carrying = self._env.unwrapped.carrying
         carry_desc = f"a {carrying.color} {carrying.type}" if carrying is not None else None
+        in_words = self.view == "text"
         if self.task_set != "agentgym":
-            return describe_view(self._last_obs["image"], carry_desc, self.mission)
-        view = describe_view(self._last_obs["image"], carry_desc, self.mission, forward_word="move forward")
+            return describe_view(self._last_obs["image"], carry_desc, self.mission, seen=in_words)
+        view = describe_view(self._last_obs["image"], carry_desc, self.mission, forward_word="move forward",
+                             seen=in_words)
         self._words = AgentGymActions(self._env)
         seen = view.split("\n", 1)[1]  # our words for the view, after AgentGym's goal line
         return f"Your goal: {agentgym_goal(self.mission)}\n{seen}\n{self._words.render()}"
+
+    def picture(self) -> bytes | None:
+        """The agent's 7x7 view as a PNG (`TILE_PX` a cell, the agent at the bottom centre facing up) with the pixel
+        view; None with the text view or before a task (results.env_picture)."""
+        if self.view != "pixels" or self._env is None:
+            return None
+        from PIL import Image  # here: only the pixel view draws (pillow comes with matplotlib, a core dependency)
+
+        frame = self._env.unwrapped.get_pov_render(tile_size=TILE_PX)  # [7*TILE_PX, 7*TILE_PX, 3] uint8
+        out = io.BytesIO()
+        Image.fromarray(frame).save(out, format="PNG")
+        return out.getvalue()
 
     def step(self, action: str) -> StepResult:
         if self._env is None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import inspect
 import json
 import logging
@@ -41,8 +40,9 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
+from rlfactory.envs.results import env_picture, env_state, error_result, no_episode, tool_result
 from rlfactory.envs.types import Env, EnvError, StepResult
-from rlfactory.tools.types import HEALTH_URI, INFRA_KEY, LOOP_ONLY_META
+from rlfactory.tools.types import HEALTH_URI, LOOP_ONLY_META
 
 logger = logging.getLogger(__name__)
 
@@ -132,36 +132,6 @@ def _connection(rc: Any) -> Any:
     return getattr(rc.session, "_connection", rc.session)
 
 
-def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: str | None = None) -> CallToolResult:
-    """A step as an MCP result: readable text for the policy, structured fields for the loop and rewards (`state`
-    among them when the environment knows it, `env_state`)."""
-    extra = {} if state is None else {"state": state}
-    structured = result.to_structured(episode_id=key.split(":", 1)[1], steps=ep.steps if ep else 0, **extra)
-    structured["task_id"] = result.info.get("task_id")
-    return CallToolResult(content=[TextContent(type="text", text=result.render())], structured_content=structured)
-
-
-def no_episode(key: str) -> CallToolResult:
-    """The answer to a call on an episode that is not open."""
-    return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
-
-
-def env_state(env: Any) -> str | None:
-    """The episode's state as the `state` field of a result's structured content: a short hash of
-    `env.state_key()`, equal for equal states (what anchor-state turn credit groups turns by,
-    rlfactory/algorithms/turn_credit.py); None for an environment without `state_key` or while it has no task."""
-    key_of = getattr(env, "state_key", None)
-    key = key_of() if key_of is not None else None
-    return None if key is None else hashlib.sha1(key.encode()).hexdigest()[:16]
-
-
-def error_result(error: EnvError) -> CallToolResult:
-    """An environment failure as an MCP error result: no step, nothing to score; an infrastructure failure says so
-    in its structured content (`INFRA_KEY`)."""
-    return CallToolResult(content=[TextContent(type="text", text=f"Environment error: {error}")], is_error=True,
-                          structured_content={INFRA_KEY: True} if error.infra else None)
-
-
 class EnvServer:
     """An MCP server plus the episode registry behind its tools. `act` runs a function on the caller's episode."""
 
@@ -220,8 +190,8 @@ class EnvServer:
                 return error_result(e)
             if not create:
                 ep.steps += 1
-            state = env_state(ep.env)
-        return tool_result(result, ep, key, state)
+            state, picture = env_state(ep.env), env_picture(ep.env)
+        return tool_result(result, ep, key, state, picture)
 
     def fork(self, episode_id: str, into: str, ctx: Context | None) -> CallToolResult:
         """Copy the caller's episode into a new episode named `into` (`Env.fork`), owned by the same connection;
@@ -248,7 +218,7 @@ class EnvServer:
             if isinstance(e, RuntimeError):
                 return error_result(ServerStopping(str(e)))
             return error_result(EnvError(f"episode {into!r} is open already: fork into a new id"))
-        return tool_result(result, new, into_key, env_state(env))
+        return tool_result(result, new, into_key, env_state(env), env_picture(env))
 
     def run(self) -> None:
         """Serve over stdio until the client goes (stdin EOF) or SIGTERM; close every open episode then."""
@@ -363,10 +333,10 @@ def build_env_server(
             return no_episode(key)
         with ep.lock:
             try:
-                text = ep.env.observe()
+                text, picture = ep.env.observe(), env_picture(ep.env)
             except EnvError as e:
                 return error_result(e)
-        return tool_result(StepResult(observation=text), ep, key)
+        return tool_result(StepResult(observation=text), ep, key, picture=picture)
 
     def close(episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
         key = es.keys.key(episode_id, ctx)

@@ -229,7 +229,7 @@ class TextCraftEnv:
         return twin
 
     def state_key(self) -> str | None:
-        """The task, the inventory and whether the goal is made: all a later step depends on (mcp_server.env_state)."""
+        """The task, the inventory and whether the goal is made: all a later step depends on (results.env_state)."""
         if self.goal is None:
             return None
         return json.dumps([self.task_set, self.task_id, sorted(self.inventory.items()), self.done])

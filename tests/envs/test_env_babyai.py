@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rlfactory.envs.babyai import ACTIONS, DEFAULT_LEVELS, BabyAIEnv, describe_view
 from rlfactory.envs.solvers import BabyAIShadow
@@ -57,3 +58,52 @@ async def test_bad_actions_and_finished_episodes(open_env):
         _, closed = await env.call("close", episode_id="x")
         assert closed["closed"] is True
         assert (await env.stats())["open"] == 0
+
+
+async def test_pixel_view_over_mcp_shows_a_picture_with_the_same_tasks_and_actions(open_env):
+    """`--view pixels`: every reset, step, observe and fork result carries the agent's 7x7 view as a PNG
+    (ImageContent after the text), the text keeps the mission and drops the words for the view, and the text view's
+    actions solve the same task (the same layout: the picture is the text view's grid)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    def picture(session_result) -> Image.Image:
+        kinds = [c.type for c in session_result.content]
+        assert kinds == ["text", "image"], kinds
+        assert session_result.content[1].mime_type == "image/png"
+        return Image.open(io.BytesIO(base64.b64decode(session_result.content[1].data)))
+
+    text_view = BabyAIEnv()
+    text_view.reset(0)
+    async with open_env("babyai.py", "--view", "pixels") as env:
+        first = await env.session.call_tool("reset", {"task_id": 0, "episode_id": "p"})
+        img = picture(first)
+        assert img.size == (112, 112) and img.mode == "RGB"
+        obs = first.structured_content["observation"]
+        assert "Mission:" in obs and "in the picture" in obs and "You see" not in obs
+        assert obs.split("\n")[1] == text_view.observe().split("\n")[0]  # the same mission, the same task
+        shadow = BabyAIShadow(text_view.level, 0)
+        frames = {img.tobytes()}
+        for _ in range(200):
+            res = await env.session.call_tool("step", {"action": shadow.next_action(), "episode_id": "p"})
+            frames.add(picture(res).tobytes())
+            if res.structured_content["done"]:
+                break
+        assert res.structured_content["reward"] > 0 and len(frames) > 1  # solved; the view changed on the way
+        again = await env.session.call_tool("observe", {"episode_id": "p"})
+        assert picture(again).tobytes() == picture(res).tobytes()
+
+        await env.session.call_tool("reset", {"task_id": 4, "episode_id": "q"})
+        forked = await env.session.call_tool("fork", {"episode_id": "q", "into": "q2"})
+        mine = await env.session.call_tool("observe", {"episode_id": "q"})
+        assert picture(forked).tobytes() == picture(mine).tobytes()
+
+
+def test_text_view_has_no_picture():
+    env = BabyAIEnv()
+    env.reset(1)
+    assert env.picture() is None and "You see" in env.observe()
+    with pytest.raises(ValueError, match="use one of text, pixels"):
+        BabyAIEnv(view="rgb")
