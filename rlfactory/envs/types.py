@@ -90,7 +90,9 @@ class Env(Protocol):
     An environment may also define `state_key() -> str | None`: a string equal for equal states of the episode (None
     before a task), which the MCP server reports, hashed, as `state` with every reset and step (anchor-state turn
     credit groups turns by it: docs/algorithms.md), and `fork() -> Env`: a copy of the episode that goes on from the
-    same state without touching this one (served as the loop-only `fork` tool; docs/environments.md, "Forking")."""
+    same state without touching this one (served as the loop-only `fork` tool; docs/environments.md, "Forking"), and
+`picture() -> bytes | None`: what the agent sees as a PNG, which the server shows after each result's text (a pixel
+view: BabyAI with `--view pixels`; rlfactory/envs/results.py)."""
 
     def reset(self, task_id: int) -> StepResult: ...
 
