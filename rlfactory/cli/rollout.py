@@ -40,10 +40,11 @@ def rollout_cmd(
     path = r.data.train_file if split == "train" else r.data.val_file
     if not path:
         fail(f"{recipe}: --split val needs data.val_file in the recipe")
-    width = r.rollout.branching.width
-    if samples is not None and width > 1 and samples % width:
-        fail(f"{recipe}: --samples {samples} cannot branch: rollout.branching.width ({width}) must divide it (each "
-             f"root of a group branches {width} ways); pass a multiple of {width}, or --set rollout.branching.width=1")
+    if samples is not None:
+        try:
+            r.rollout.branching.roots(samples, of=f"--samples {samples}")
+        except ValueError as e:
+            fail(f"{recipe}: {e}")
     summary = run_async(_run(r, Path(path), out, html, limit=limit, samples=samples, step=step,
                              seed=r.trainer.seed if seed is None else seed, rewards=not no_rewards))
     _print_summary(summary, out, html)

@@ -63,6 +63,15 @@ class BranchingConfig(Section):
     uncertainty: float = Field(1.0, ge=0.0)
     """`when: uncertain`: the mean surprisal (nats per token) of a turn that makes its root branch after it."""
 
+    def roots(self, samples: int, of: str = "the group's samples") -> int:
+        """How many roots a group of `samples` has (each branches into `width` of them). ValueError, naming `of` (where
+        the count comes from) and the fix, when `width` does not divide it: the one place that rule is written."""
+        if samples % self.width:
+            raise ValueError(f"rollout.branching.width ({self.width}) must divide {of}: each root branches into "
+                             f"`width` samples of the group; use a multiple of {self.width}, or "
+                             f"rollout.branching.width: 1")
+        return samples // self.width
+
 
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"

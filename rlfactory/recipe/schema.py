@@ -221,9 +221,10 @@ def cross_field_problems(r: Recipe) -> list[str]:
                  f"or estimator: none")
     br = ro.branching
     if br.width > 1:
-        if ro.samples_per_prompt % br.width:
-            p.append(f"rollout.branching.width ({br.width}) must divide rollout.samples_per_prompt "
-                     f"({ro.samples_per_prompt}): each root branches into `width` samples of the group")
+        try:
+            br.roots(ro.samples_per_prompt, of=f"rollout.samples_per_prompt ({ro.samples_per_prompt})")
+        except ValueError as e:
+            p.append(str(e))
         if r.engine == "verl":
             p.append("rollout.branching: engine verl samples each trajectory on its own and cannot grow a group as a "
                      "tree; use engine: local or rollout.branching.width: 1")

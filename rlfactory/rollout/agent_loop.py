@@ -213,11 +213,8 @@ class AgentLoop:
                                               sampling=sampling, seed=seeds[k])
 
             return list(await asyncio.gather(*(one(k) for k in range(n))))
-        if n % b.width:
-            raise ValueError(f"a group of {n} cannot branch {b.width} ways per root: rollout.samples_per_prompt must "
-                             f"be a multiple of rollout.branching.width")
         trees = await asyncio.gather(*(self._tree(task, r, group_id, horizon, seeds, sampling, gate)
-                                       for r in range(n // b.width)))
+                                       for r in range(b.roots(n, of=f"a group of {n}"))))
         return [t for tree in trees for t in tree]
 
     async def _tree(self, task: dict[str, Any], r: int, group_id: str | None, horizon: int,

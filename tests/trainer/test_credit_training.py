@@ -128,5 +128,5 @@ def test_rollout_refuses_a_sample_count_the_branches_do_not_divide(tmp_path):
     proc = rlf("rollout", str(RECIPE), "--out", str(tmp_path / "t.jsonl"), "--samples", "3",
                *sets(["rollout.branching.width=2"]))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "rollout.branching.width (2) must divide it" in proc.stdout + proc.stderr
+    assert "rollout.branching.width (2) must divide --samples 3" in proc.stdout + proc.stderr
     assert not (tmp_path / "t.jsonl").exists()
