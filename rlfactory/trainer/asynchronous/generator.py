@@ -15,9 +15,10 @@ samples_per_prompt) generate at once, let in lowest group first (`OrderedSlots`;
 holds no slot): the groups the trainer needs next run at the engine's full speed, and the next step's fill the rows
 theirs leave.
 
-Start-up: the process loads its model while the trainer loads its own, then waits for the Setup (the shared weights
-and the data position, once the trainer has prepared the run folder and restored any checkpoint) before it starts
-its tool servers and engine. With `trainer.split_cores` the HF engine's decoding thread runs on the CPUs the trainer
+Start-up: the process loads its model while the trainer loads its own, then starts its tool servers and engine (and
+imports the helper's module, on a thread) while it waits for the Setup (the shared weights and the data position,
+once the trainer has prepared the run folder and restored any checkpoint): the trainer's first step waits for this
+process to be ready, and neither needs the Setup. With `trainer.split_cores` the HF engine's decoding thread runs on the CPUs the trainer
 left it; the event loop and the tool servers are not pinned. Every `PULSE_S` it sends a pulse (what it is doing, its
 progress) for the trainer's watchdog (watch.py). Its serve loop looks at the published version every `POLL_S`;
 a finished group wakes it at once.
@@ -36,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib
 import logging
 import os
 import signal
@@ -45,7 +45,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers.utils.logging import disable_progress_bar
@@ -64,12 +64,12 @@ from rlfactory.rollout.engines.protocol import (
     engine_counters,
 )
 from rlfactory.rollout.horizon import horizon_for_step
-from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide, open_rollout_side
 from rlfactory.tools.counters import count_result, empty_counters
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.types import ToolCall, ToolResult
 from rlfactory.trainer.asynchronous.channels import Channels
+from rlfactory.trainer.asynchronous.helper import GeneratorHelper, HelperFactory, helper_factory
 from rlfactory.trainer.asynchronous.messages import (
     Failure,
     GeneratorSpec,
@@ -125,40 +125,6 @@ def _die_with_parent() -> None:
     """Ask Linux to send SIGTERM when the trainer dies (also by kill -9); elsewhere the parent watch covers it."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class GeneratorHelper(Protocol):
-    """Optional work this process does for the trainer (messages.HelperSpec names its factory)."""
-
-    def keep(self, index: int, trajectories: list[Trajectory]) -> None:
-        """Group `index` was sent to the trainer."""
-        ...
-
-    def forget(self, index: int) -> None:
-        """Group `index` was cancelled (it never reaches the trainer)."""
-        ...
-
-    def idle(self, idle: bool) -> None:
-        """Whether the generator has nothing in flight now (its core is free)."""
-        ...
-
-    @property
-    def seconds(self) -> float:
-        """Seconds of work done so far (the generator's idle time does not count them)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def load_helper(spec: GeneratorSpec, channels: Channels, model: Any, tokenizer: Any, device: Any,
-                weights: SharedWeights, cpus: list[int] | None) -> GeneratorHelper | None:
-    """The spec's helper, built by its factory (imported by name: the core never imports a helper's module); None
-    without one, or when the factory declines."""
-    if spec.helper is None:
-        return None
-    module, _, name = spec.helper.factory.partition(":")
-    factory = getattr(importlib.import_module(module), name)
-    return factory(channels, spec.recipe, model, tokenizer, device, weights, cpus)
 
 
 @dataclass
@@ -218,23 +184,38 @@ class Generator:
         sampler = TaskSampler(len(tasks), r.trainer.seed)
         tokenizer = load_tokenizer(r)
         model = load_policy(r, device).eval()
-        setup = await self._wait_setup()
-        if setup is None:
-            return
+        # The trainer's first step waits for this process to be ready, so what does not need the trainer's Setup
+        # starts before it arrives and side by side: the tool servers (subprocesses, on the other core while the
+        # trainer waits) and the import of the helper's module (in a thread).
+        factory = asyncio.create_task(asyncio.to_thread(helper_factory, self.spec))
+        setup_sent = asyncio.create_task(self._wait_setup())
+        try:
+            async with open_rollout_side(r, model, tokenizer, device, self.spec.run_dir) as side:
+                setup = await setup_sent
+                if setup is None:
+                    return
+                await self._serve_side(side, await factory, setup, model, tokenizer, device, tasks, sampler)
+        finally:
+            for task in (factory, setup_sent):
+                task.cancel()
+
+    async def _serve_side(self, side: RolloutSide, factory: HelperFactory | None, setup: Setup, model: Any,
+                          tokenizer: Any, device: Any, tasks: list[dict[str, Any]], sampler: TaskSampler) -> None:
+        """Serve from the opened rollout side once the trainer's Setup is in."""
         self.weights, self.start_version = setup.weights.with_lock(self.ch.weights_lock), setup.start_version
         # before the engine serves from `model`: a helper copies what it needs of it
-        self.helper = load_helper(self.spec, self.ch, model, tokenizer, device, self.weights, setup.engine_cpus)
-        async with open_rollout_side(r, model, tokenizer, device, self.spec.run_dir) as side:
-            engine = side.engine
-            if not isinstance(engine, FollowsWeights):
-                raise RLFactoryError(f"rollout.engine {r.rollout.engine!r} cannot generate for an asynchronous run: "
-                                     f"its engine does not take pushed weights (protocol.FollowsWeights)")
-            await engine.follow_weights(self.weights)
-            if setup.engine_cpus and isinstance(engine, HFEngine):
-                engine.worker_cpus = set(setup.engine_cpus)
-            self.tools = side.tools
-            self.ch.results.put(("ready", Ready(os.getpid(), engine.policy_version)))
-            await self._serve(side, tasks, sampler, setup)
+        if factory is not None:
+            self.helper = factory(self.ch, self.r, model, tokenizer, device, self.weights, setup.engine_cpus)
+        engine = side.engine
+        if not isinstance(engine, FollowsWeights):
+            raise RLFactoryError(f"rollout.engine {self.r.rollout.engine!r} cannot generate for an asynchronous run: "
+                                 f"its engine does not take pushed weights (protocol.FollowsWeights)")
+        await engine.follow_weights(self.weights)
+        if setup.engine_cpus and isinstance(engine, HFEngine):
+            engine.worker_cpus = set(setup.engine_cpus)
+        self.tools = side.tools
+        self.ch.results.put(("ready", Ready(os.getpid(), engine.policy_version)))
+        await self._serve(side, tasks, sampler, setup)
 
     async def _wait_setup(self) -> Setup | None:
         """The trainer's Setup, or None when told to stop first."""

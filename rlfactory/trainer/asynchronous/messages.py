@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the trainer imports this before torch (launch.py): the weig
 class HelperSpec:
     """Optional work the generator process does for the trainer (e.g. jobs of its update, shared_update.py): the
     generator calls `factory` ("module:callable", imported in the generator process) with its channels and what it
-    has (`generator.load_helper`); the factory may decline (None)."""
+    has (`helper.helper_factory`); the factory may decline (None)."""
 
     factory: str
 

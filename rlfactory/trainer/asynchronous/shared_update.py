@@ -1,6 +1,6 @@
 """The generator's idle core takes jobs of the trainer's update (`trainer.update_on_generator`): an optional part of
 an asynchronous run on CPU with the cores split. Nothing in the core imports this module: `rlfactory.api.train` names
-`generator_side` in the generator's spec (`HELPER`: a `generator.GeneratorHelper`, imported there by name) and hands
+`generator_side` in the generator's spec (`HELPER`: a `helper.GeneratorHelper`, imported there by name) and hands
 `SharedUpdate` to the asynchronous loop (a `loop.StepShare`). Both sides ask `applies(recipe)`; their traffic is the
 channels' helper queue and lock.
 
@@ -284,7 +284,7 @@ def generator_side(channels: Channels, recipe: Recipe, model: Any, tokenizer: An
 
 
 class GeneratorSide:
-    """The generator process's side (a `generator.GeneratorHelper`): jobs of the trainer's step, run on a thread of
+    """The generator process's side (a `helper.GeneratorHelper`): jobs of the trainer's step, run on a thread of
     its own pinned to the decoding CPUs, on its own copy of the policy loaded with the step's pushed weights, while
     the generator has nothing in flight. It keeps the trajectories of the groups it sent, so an arrival's batch is
     rebuilt from the same trajectories in the same order and a job's rows mean what they mean in the trainer."""
