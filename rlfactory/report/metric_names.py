@@ -79,7 +79,7 @@ LOCAL_METRICS: tuple[Metric, ...] = (
     Metric("step", "Optimizer steps taken when the row was written (1-based): the policy version the next step "
            "samples with.", "steps", ALL),
     Metric("horizon", "The most assistant turns a trajectory of the step could take (`rollout.horizon` at this "
-           "step; on verl the largest of the step's trajectories').", "turns", ALL),
+           "step; the asynchronous loop and verl give the largest over the step's trajectories).", "turns", ALL),
     Metric("horizon_stage", "The stage of a staged horizon schedule (ScalingInter-RL) the step is in; 0 for a fixed "
            "horizon.", "", ALL),
     # ---- reward/: the RewardSet (rlfactory/reward/)
@@ -191,7 +191,7 @@ LOCAL_METRICS: tuple[Metric, ...] = (
            "verl logs `timing_s/reward` (its own reward path)", ("verl",)),
     Metric("perf/update_s", "Seconds of the GRPO update; verl: `timing_s/update_actor`.", "s", ALL),
     Metric("perf/push_s", "Seconds sending the new weights to the generation engine.", "s", LOCAL,
-           "sync: an engine that holds its own copy of the weights (vLLM)", ("sync",)),
+           "an engine that holds its own copy of the weights (vLLM)", ("sync",)),
     Metric("perf/wait_s", "Seconds the trainer waited for the generator's groups.", "s", ("async",),
            "the trainer had to wait for groups"),
     Metric("perf/wait_jobs_s", "Seconds the trainer waited for update jobs the generator took.", "s", ("async",),
@@ -225,10 +225,9 @@ LOCAL_METRICS: tuple[Metric, ...] = (
     Metric("async/staleness_token_max", "The same, max (never above `trainer.max_staleness_steps`).", "steps",
            ("async",)),
     Metric("async/staleness_traj_mean", "A trajectory's staleness (the age of its oldest token), mean; verl: "
-           "`training/off_policy/trajectory_staleness/mean`.", "steps", ("async", "verl"),
-           "verl's one-step off-policy mode", ("verl",)),
+           "`training/off_policy/trajectory_staleness/mean`.", "steps", ("async", "verl")),
     Metric("async/staleness_traj_max", "The same, max; verl: `training/off_policy/trajectory_staleness/max`.",
-           "steps", ("async", "verl"), "verl's one-step off-policy mode", ("verl",)),
+           "steps", ("async", "verl")),
     Metric("async/versions_per_trajectory_max", "Most policy versions that sampled tokens of one trajectory (a "
            "partial rollout across weight loads).", "versions", ("async",)),
     Metric("async/dropped_trajectories", "Trajectories dropped this step for being staler than the bound.",
@@ -277,8 +276,9 @@ VERL_METRICS: tuple[Metric, ...] = (
            "`update_weights`, `save_checkpoint`, `step`, ...).", "s", _VERL),
     Metric("timing_per_token_ms/<stage>", "Milliseconds per token of one of verl's stages.", "ms", _VERL),
     Metric("training/<name...>", "verl's trainer: `epoch`, `global_step`, `num_turns/*`, the rollout / actor "
-           "probability agreement (`rollout_actor_probs_pearson_corr`, `rollout_probs_diff_*`), and in its one-step "
-           "off-policy mode `off_policy/trajectory_staleness*` and `off_policy/trajectory_spans/*`.", "", _VERL),
+           "probability agreement (`rollout_actor_probs_pearson_corr`, `rollout_probs_diff_*`), and the policy versions "
+           "behind the trained batch (`off_policy/trajectory_staleness*`, `off_policy/trajectory_spans/*`).", "",
+           _VERL),
     Metric("global_seqlen/<stat>", "Tokens per data-parallel rank after verl's balancing (min, max, mean, "
            "balanced_min, balanced_max, minmax_diff).", "tokens", _VERL),
     Metric("prompt_length/<stat>", "verl's prompt lengths (min, max, mean, clip_ratio).", "tokens", _VERL),
