@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_runs import REPO, rlf, sets
 
-from rlfactory.report.charts import SECTIONS
+from rlfactory.report.charts import SECTIONS, chart_meanings
 from rlfactory.report.metric_names import ENGINES, REGISTRY, lookup, matches
 from rlfactory.report.metrics import MetricsLog
 from rlfactory.tools.counters import count_result, empty_counters, tool_metrics
@@ -133,9 +133,11 @@ def test_the_registry_is_well_formed_and_covers_the_charts():
     for m in REGISTRY:
         assert m.meaning.strip() and m.engines and set(m.engines) <= set(ENGINES), m.name
         assert m.when_on is None or (m.when and set(m.when_on) < set(m.engines)), m.name
+    meanings = chart_meanings()
     for section in SECTIONS:
         for _, title, keys in section["charts"]:
             assert all(lookup(k) is not None for k in keys), (title, [k for k in keys if lookup(k) is None])
+            assert all(meanings[k].startswith(f"{k}: ") for k in keys), title
 
 
 def test_metrics_log_warns_once_about_a_key_the_registry_lacks(tmp_path, caplog):
