@@ -9,7 +9,8 @@ registry cannot drift either way.
 
 A name's `<placeholder>` stands for one path segment (no `/`); `<placeholder...>` for the rest of the key, slashes
 included (verl's own families). An exact name wins over a pattern.
-Left out: building the rows (step_row.py and the loops), charts (charts.py), summary.json and eval/*.json.
+Left out: building the rows (step_row.py and the loops), charts (charts.py), summary.json and eval/*.json. It
+imports nothing of rlfactory's, so the dashboard and the report read it without loading the rollout's models.
 """
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
-
-from rlfactory.rollout.metrics import FINISH_REASONS
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +113,9 @@ LOCAL_METRICS: tuple[Metric, ...] = (
            "on.", "trajectories", ALL),
     Metric("rollout/infra_failed", "Trajectories hit by an infrastructure failure (a tool server lost under a "
            "call): kept out of the loss.", "trajectories", ALL),
-    Metric("rollout/finish_<reason>", "Trajectories that ended for this reason: " + ", ".join(
-           f"`{r}`" for r in FINISH_REASONS) + " (one key per reason, 0 included).", "trajectories", ALL),
+    Metric("rollout/finish_<reason>", "Trajectories that ended for this reason: `stop`, `max_turns`, "
+           "`token_budget`, `context_length`, `env_done`, `error` (one key per reason, 0 included).", "trajectories",
+           ALL),
     Metric("rollout/generate_s_mean", "Seconds a trajectory spent in generation, mean.", "s", ALL),
     Metric("rollout/tools_s_mean", "Seconds a trajectory waited on its tool calls, mean.", "s", ALL),
     Metric("rollout/wall_s", "Wall-clock seconds of the step's rollout batch.", "s", ("sync",)),

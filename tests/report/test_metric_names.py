@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from cli_runs import REPO, rlf, sets
 from rlfactory.report.charts import SECTIONS, chart_meanings
 from rlfactory.report.metric_names import ENGINES, REGISTRY, lookup, matches
 from rlfactory.report.metrics import MetricsLog
+from rlfactory.rollout.metrics import FINISH_REASONS
 from rlfactory.tools.counters import count_result, empty_counters, tool_metrics
 from rlfactory.tools.types import ToolResult
 
@@ -133,6 +135,8 @@ def test_the_registry_is_well_formed_and_covers_the_charts():
     for m in REGISTRY:
         assert m.meaning.strip() and m.engines and set(m.engines) <= set(ENGINES), m.name
         assert m.when_on is None or (m.when and set(m.when_on) < set(m.engines)), m.name
+    reasons = lookup("rollout/finish_stop").meaning  # the finish reasons it lists are the Trajectory's
+    assert re.findall(r"`(\w+)`", reasons) == list(FINISH_REASONS)
     meanings = chart_meanings()
     for section in SECTIONS:
         for _, title, keys in section["charts"]:
