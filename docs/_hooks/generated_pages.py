@@ -2,8 +2,8 @@
 
 - `reference/recipe.md`: every recipe field, from the pydantic models (recipe_reference.py);
 - `reference/cli.md`: every command and option, from the `rlfactory` command (cli_reference.py);
-- `reference/metrics.md`: the metrics the dashboard and `rlfactory report` chart, from their one list
-  (rlfactory/report/charts.py);
+- `reference/metrics.md`: every metric a run writes, from the registry the code checks rows against
+  (rlfactory/report/metric_names.py), and what the dashboard charts (rlfactory/report/charts.py): metrics_reference.py;
 - `benchmarks/measurements.md`: bench/README.md as it is, its links to docs/ re-pointed at the site's pages.
 The Python API page uses mkdocstrings, which reads the docstrings itself.
 """
@@ -19,6 +19,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import cli_reference  # (after the sys.path line above)
+import metrics_reference
 import recipe_reference
 
 
@@ -30,32 +31,11 @@ def benchmarks_page() -> str:
     return f"{head} in detail\n\n{note}\n{rest}".replace("](../docs/", "](../")
 
 
-def metrics_page() -> str:
-    from rlfactory.report.charts import SECTIONS
-
-    lines = ["# Metrics charted", "",
-             "The metrics of `metrics.jsonl` that `rlfactory dashboard` and `rlfactory report` draw, read when the site is",
-             "built from the one list both use (`rlfactory/report/charts.py`). A chart plots the first of its keys that a",
-             "run logs, so one chart covers both engines' names (the local engine's `loss/*`, verl's `actor/*`); a",
-             "pattern chart draws every key that matches, one series each. A run logs more than these: every row also",
-             "has the rest of `reward/*`, `rollout/*`, `tools/*`, `loss/*` and `perf/*` ([the run",
-             "folder](../concepts/run-folder.md)).", ""]
-    for section in SECTIONS:
-        lines += [f"## {section['title']}", ""]
-        if section.get("only_if"):
-            lines += [f"Shown for runs that log keys matching `{section['only_if']}`.", ""]
-        lines += ["| chart | keys |", "|---|---|"]
-        lines += [f"| {title} | {', '.join(f'`{k}`' for k in keys)} |" for _, title, keys in section["charts"]]
-        lines += [f"| {title} | keys matching `{rx}` |" for _, title, rx in section["multi"]]
-        lines.append("")
-    return "\n".join(lines)
-
-
 def on_files(files: Files, config) -> Files:
     pages = {
         "reference/recipe.md": recipe_reference.render(),
         "reference/cli.md": cli_reference.render(),
-        "reference/metrics.md": metrics_page(),
+        "reference/metrics.md": metrics_reference.render(),
         "benchmarks/measurements.md": benchmarks_page(),
     }
     for uri, content in pages.items():

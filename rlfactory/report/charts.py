@@ -4,12 +4,15 @@ and for `rlfactory report`'s PNGs (chart_pngs.py), so the two show the same curv
 A chart is (id, title, candidate keys): the first key a run logs is plotted, so one chart covers both engines'
 names (the local engine's `loss/*`, verl's `actor/*`). A multi-series chart is (id, title, regex): every key that
 matches is one series, labelled by the regex's first group that matched.
+Each chart's keys are explained by the metrics registry (metric_names.py): the dashboard shows that on hover.
 Left out: how charts are drawn (the page's SVG, matplotlib).
 """
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from rlfactory.report.metric_names import lookup
 
 SECTIONS: list[dict[str, Any]] = [
     {"id": "learning", "title": "Learning: reward, loss, KL, entropy", "charts": [
@@ -39,6 +42,17 @@ SECTIONS: list[dict[str, Any]] = [
         ["dropped", "dropped trajectories", ["async/dropped_trajectories"]]], "multi": []},
 ]
 """The dashboard's sections in page order (the PNGs follow them too)."""
+
+def chart_meanings() -> dict[str, str]:
+    """What each key a chart may plot means, with its unit, from the metrics registry (the dashboard's hover text)."""
+    out = {}
+    for section in SECTIONS:
+        for _, _, keys in section["charts"]:
+            for key in keys:
+                if (m := lookup(key)) is not None:
+                    out[key] = f"{key}: {m.meaning}" + (f" [{m.unit}]" if m.unit else "")
+    return out
+
 
 ZERO_WHEN_ABSENT = ["ttimeouts", "tcache"]
 """Charts whose key is logged only when nonzero (no timeouts, no cache): plotted as 0 at every step instead."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import json
 
-from rlfactory.report.charts import SECTIONS, ZERO_WHEN_ABSENT
+from rlfactory.report.charts import SECTIONS, ZERO_WHEN_ABSENT, chart_meanings
 from rlfactory.report.viewer import VIEWER_CSS
 
 _CSS = """
@@ -108,6 +108,8 @@ _JS = r"""
     series.forEach(function(s){ all = all.concat(s.pts); });
     c.dataset.points = String(all.length);
     c.querySelector('.k').textContent = keyText || '';
+    c.querySelector('.t').title = (keyText || '').split(', ').map(function(k){ return SPEC.meanings[k]; })
+      .filter(function(m){ return m; }).join('\n');  // from the metrics registry
     var plot = c.querySelector('.plot'), legend = c.querySelector('.legend');
     plot.innerHTML = ''; legend.innerHTML = '';
     if (!all.length) { plot.appendChild(el('div', {'class': 'empty'}, 'no data yet')); return; }
@@ -361,7 +363,8 @@ def render_page(title: str = "rlfactory dashboard") -> str:
             parts.append(_TOOL_TABLE)
         parts.append("</div>")
     sections = "".join(parts)
-    spec = json.dumps({"sections": SECTIONS, "zero": ZERO_WHEN_ABSENT}).replace("<", "\\u003c")
+    spec = json.dumps({"sections": SECTIONS, "zero": ZERO_WHEN_ABSENT, "meanings": chart_meanings()}
+                      ).replace("<", "\\u003c")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

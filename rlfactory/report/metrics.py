@@ -1,5 +1,8 @@
 """metrics.jsonl (one JSON object per step, flushed as it is written) mirrored to the trackers, and reading it back.
 
+Every key written is checked against the metrics registry (metric_names.py): one the registry lacks is logged once,
+so the metrics reference cannot silently miss it.
+
 Non-finite values are written as null, so the file stays valid JSON for every reader. Reading is forgiving: the file
 may have been edited, concatenated or damaged, so a line that is not one JSON object (bytes that are not UTF-8, JSON
 nested past Python's recursion limit, `null`, a list, a line over MAX_LINE_BYTES) is skipped with its reason, never
@@ -13,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.report.metric_names import warn_unregistered
+from rlfactory.report.trackers import close_all, open_trackers, scalars
 
 if TYPE_CHECKING:  # the type only: the dashboard and report read run folders without loading the schema
     from rlfactory.recipe.schema import Recipe
-from rlfactory.report.trackers import close_all, open_trackers, scalars
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ class MetricsLog:
         return cls(run_dir, trackers=open_trackers(recipe, run_dir, purge_step=purge_step, exclude=exclude))
 
     def write(self, row: dict[str, Any]) -> None:
+        warn_unregistered(row, self.path)
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
         self._f.write(json.dumps(clean) + "\n")
         self._f.flush()

@@ -3,7 +3,8 @@ and verl's run folder (`step_row`).
 
 A row holds the step, its horizon (and ScalingInter-RL stage), `reward/*` (the RewardSet's, combined over the step),
 `rollout/*` (of the step's trajectories), `tools/*` (the step's tool calls, from counters) and whatever parts the
-engine adds (`loss/*`, `perf/*`, `async/*`, `off_policy/*`, verl's own names). Left out: writing it (metrics.py).
+engine adds (`loss/*`, `perf/*`, `async/*`, `off_policy/*`, verl's own names). Every key has its entry (meaning,
+unit, engines) in metric_names.py, which the writer checks rows against. Left out: writing it (metrics.py).
 """
 from __future__ import annotations
 

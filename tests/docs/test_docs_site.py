@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.charts import SECTIONS
+from rlfactory.report.metric_names import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "report"))
@@ -106,6 +107,8 @@ def test_the_site_is_built_from_every_page_and_fetches_nothing(site):
     assert "redis_cache" in _text(site / "reference" / "python.html")  # mkdocstrings read the docstrings
     metrics = _text(site / "reference" / "metrics.html")
     assert all(k in metrics for s in SECTIONS for _, _, keys in s["charts"] for k in keys)
+    missing = [m.name for m in REGISTRY if f"{m.name} {m.meaning.split()[0]}" not in metrics]
+    assert not missing, f"metrics missing from the metrics reference (or without their meaning): {missing}"
     # no fonts or scripts from the network: the site works offline (Material's `font: false`)
     for page in site.rglob("*.html"):
         text = page.read_text()

@@ -163,6 +163,8 @@ def test_two_finished_runs_overlay_and_an_async_run_shows_its_staleness(tmp_path
                         f"{total} reward points")
         legend = browser.js("Array.from(document.querySelectorAll('#c-reward .legend span')).map(s => s.textContent)")
         assert len(legend) == 2 and legend[0].startswith("— sync") and legend[1].startswith("— async")
+        # a chart's title explains the keys it plots on hover, from the metrics registry
+        assert browser.js("document.querySelector('#c-reward .t').title").startswith("reward/mean: Mean reward")
         # only the async run logs staleness: its section is shown, with one point per async step
         assert browser.js("!document.getElementById('async-section').classList.contains('hidden-section')")
         assert browser.wait_js("rlfactoryDashboard.points('stale_tok')", 60, "staleness points") == steps["async"]

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from local_services import RedisProcess, pick_free_port
 
+from rlfactory.report.metric_names import lookup
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -102,6 +104,10 @@ def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed
     assert step2["training/rollout_actor_probs_pearson_corr"] >= 0.99
     assert step1["actor/grad_norm"] > 0 and step1["actor/lr"] > 0
     assert step1["actor/pg_loss"] != step2["actor/pg_loss"]
+    # every key verl and the run folder wrote is in the metrics registry, as written by verl (the metrics reference)
+    unregistered = sorted({k for r in got for k in r if lookup(k) is None or "verl" not in lookup(k).engines})
+    assert not unregistered, f"add to rlfactory/report/metric_names.py (and tests/report/data/verl_run_keys.json): " \
+                             f"{unregistered}"
     for r in got:
         assert r["rollout/trajectories"] == 32  # 4 prompts x 8 samples, all recorded by the agent-loop workers
         assert r["reward/verl_score_mismatches"] == 0  # verl trained on exactly the scores our RewardSet gave
