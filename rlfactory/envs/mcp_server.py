@@ -328,7 +328,7 @@ def build_env_server(
     make_env: Callable[[], Env],
     *,
     instructions: str,
-    reset_doc: str,
+    reset_doc: str | None,
     step_doc: str | None,
     max_episodes: int = 256,
     idle_timeout_s: float = 900.0,
@@ -336,8 +336,8 @@ def build_env_server(
     health: Callable[[], tuple[bool, str]] | None = None,
     forkable: bool = False,
 ) -> EnvServer:
-    """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`step_doc=None`: no
-    generic `step` tool; the caller adds its own action tools with `EnvServer.add_tool`). `inline`: run the tools
+    """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`reset_doc=None` /
+    `step_doc=None`: no generic `reset` / `step` tool; the caller adds its own with `EnvServer.add_tool`). `inline`: run the tools
     on the event loop (fast pure-Python envs) instead of worker threads (envs that block: a JVM, HTTP).
     `health() -> (ok, detail)`: whether what the server fronts is usable, published as `rlfactory://health`."""
     es = EnvServer(name, make_env, instructions=instructions, max_episodes=max_episodes,
@@ -377,7 +377,8 @@ def build_env_server(
                               structured_content={"closed": closed, "done": True,
                                                   "episode_id": key.split(":", 1)[1]})
 
-    es.add_tool(reset, reset_doc)
+    if reset_doc is not None:
+        es.add_tool(reset, reset_doc)
     if step_doc is not None:
         es.add_tool(step, step_doc)
     es.add_tool(observe, "Show the current observation again without acting.")
