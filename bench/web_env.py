@@ -33,7 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))], 4)
+    return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 4)
 
 
 def summary(xs: list[float]) -> dict:
@@ -114,7 +114,7 @@ def direct(url: str, resets: int, steps: int, levels: list[int]) -> dict:
             lat: list[float] = []
             lock = threading.Lock()
 
-            def worker(e: BrowserEnv) -> None:
+            def worker(e: BrowserEnv, lat: list[float] = lat, lock: threading.Lock = lock) -> None:
                 times, _ = play(lambda a: e.step(a).observation, e.observe(), per_thread)
                 with lock:
                     lat.extend(times)

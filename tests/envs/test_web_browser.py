@@ -153,10 +153,12 @@ def test_containment_every_way_out_is_refused(env, sites, tmp_path):
         obs = env.step(action).observation
         assert "failed:" in obs and "outside this episode's sites" in obs, (what, obs)
         assert f"URL: {sites.url}/\n" in obs, what
-    # A redirect out of the sites is answered by the browser's route, not followed.
-    obs = env.step(f"click [{eid(obs, 'Redirect away')}]").observation
-    assert "Note: a redirect was refused" in obs and sites.outside_url + "/from-redirect" in obs
-    obs = env.step("go_back").observation
+    # A redirect out of the sites, at the first hop or a later one, is refused by the context's proxy.
+    for link in ("Redirect away", "Redirect twice"):
+        obs = env.step(f"click [{eid(home, link)}]").observation
+        assert "Note: a request was refused: " + sites.outside_url + "/from-redirect is outside" in obs, obs
+        obs = env.step(f"goto [{sites.url}/]").observation
+        home = obs
     obs = env.step(f"click [{eid(obs, 'Download report')}]").observation
     assert "Note: a download of 'report.bin' was refused" in obs
     obs = env.step(f"click [{eid(obs, 'Open pop-up')}]").observation
@@ -244,3 +246,43 @@ async def _crash(page) -> None:
     # The navigation fails because the page crashed: that is the point.
     with contextlib.suppress(Exception):
         await page.goto("chrome://crash", timeout=10_000)
+
+
+async def test_the_origin_proxy_forwards_only_the_sites(sites):
+    """The context's proxy on its own, as the browser speaks to it: absolute-form GETs and CONNECT tunnels."""
+    import asyncio
+
+    from rlfactory.envs.web.browser.proxy import OriginProxy
+
+    notes: list[str] = []
+    proxy = await OriginProxy(OriginPolicy.of([sites.url]), notes.append).start()
+    port = int(proxy.url.rsplit(":", 1)[1])
+
+    async def ask(head: str) -> bytes:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(head.encode())
+        await w.drain()
+        reply = await r.read()
+        w.close()
+        return reply
+
+    try:
+        ok = await ask(f"GET {sites.url}/products HTTP/1.1\r\nHost: x\r\nProxy-Connection: keep-alive\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200") and b"Green hat" in ok
+        out = await ask(f"GET {sites.outside_url}/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 403") and b"outside this episode's sites" in out
+        host_port = sites.outside_url.split("//")[1]
+        tunnel = await ask(f"CONNECT {host_port} HTTP/1.1\r\nHost: {host_port}\r\n\r\n")
+        assert tunnel.startswith(b"HTTP/1.1 403")
+        assert (await ask("CONNECT safebrowsing.googleapis.com:443 HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 403")
+        # A tunnel to the site's own host and port is opened (the way https and wss go).
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(f"CONNECT {sites.url.split('//')[1]} HTTP/1.1\r\n\r\n".encode())
+        assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        w.write(b"GET /products HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert b"Green hat" in await r.read()
+        w.close()
+        assert len(notes) == 2 and proxy.refused == 3  # Chromium's own services are refused without a note
+        assert sites.outside_hits == []
+    finally:
+        await proxy.close()

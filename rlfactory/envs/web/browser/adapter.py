@@ -6,11 +6,9 @@ types here (`Chromium`, `Context`, `Tab`) and two errors: `ActionFailed` (feedba
   browser — launched on first use and launched again when it died (`generation` counts the launches; every context
   of an earlier generation is lost with its process).
 - `Context`: one browser context per episode, the episode's containment with it:
-  * every request goes through a route: a URL outside the episode's `OriginPolicy` is aborted; an allowed one is
-    fetched by Playwright without following redirects, and a redirect out of the sites is answered 403 instead of
-    being passed to the browser (Playwright routes see only a redirect chain's first URL, so the browser must
-    never follow one on its own out of the sites). A chain of two or more redirects that leaves the sites only at
-    its second hop is not caught (a proxy would be needed): the sites here do not redirect twice;
+  * every request goes through the context's own proxy (`proxy.py`), which forwards only the episode's origins
+    and answers anything else 403 — each hop of a redirect chain included. (A Playwright route was the first
+    design: routes see only a chain's first URL, so a site redirecting twice could lead the browser out.)
   * downloads are refused (`accept_downloads=False`), service workers blocked, pop-ups (`window.open`, links with
     `target=_blank`) closed as they open, JavaScript dialogs answered (alert/confirm/beforeunload accepted, prompt
     dismissed) — each leaves a note for the next observation;
@@ -27,7 +25,6 @@ import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
-from urllib.parse import urljoin
 
 import psutil
 from playwright.async_api import Error as PlaywrightError
@@ -35,6 +32,7 @@ from playwright.async_api import async_playwright
 
 from rlfactory.envs.types import EnvError
 from rlfactory.envs.web.browser.policy import OriginPolicy
+from rlfactory.envs.web.browser.proxy import OriginProxy
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +110,17 @@ class Chromium:
     async def new_context(self, policy: OriginPolicy, *, storage_state: dict[str, Any] | None = None) -> Context:
         await self.ensure()
         w, h = self.settings.viewport
+        notes: list[str] = []
+        proxy = await OriginProxy(policy, notes.append).start()
         try:
             ctx = await self._browser.new_context(accept_downloads=False, service_workers="block",
-                                                  storage_state=storage_state, viewport={"width": w, "height": h})
+                                                  storage_state=storage_state, viewport={"width": w, "height": h},
+                                                  proxy={"server": proxy.url, "bypass": ""})
         except PlaywrightError as e:
+            await proxy.close()
             raise BrowserLost(f"the browser could not open a context: {_first_line(e)}") from None
-        context = Context(self, ctx, policy, self.generation)
+        context = Context(self, ctx, policy, self.generation, proxy)
+        proxy.note = context.note
         await context.setup()
         return context
 
@@ -161,8 +164,9 @@ class Chromium:
 class Context:
     """One episode's browser context: its tabs, its containment, the notes for its next observation."""
 
-    def __init__(self, chromium: Chromium, ctx: Any, policy: OriginPolicy, generation: int):
+    def __init__(self, chromium: Chromium, ctx: Any, policy: OriginPolicy, generation: int, proxy: OriginProxy):
         self.chromium = chromium
+        self.proxy = proxy
         self.policy = policy
         self.generation = generation
         self.tabs: list[Tab] = []
@@ -176,7 +180,6 @@ class Context:
         s = self.chromium.settings
         self._ctx.set_default_timeout(s.action_timeout_s * 1000)
         self._ctx.set_default_navigation_timeout(s.navigation_timeout_s * 1000)
-        await self._ctx.route("**/*", self._route)
         self._ctx.on("page", self._on_page)
         self._ctx.on("dialog", self._on_dialog)
 
@@ -240,6 +243,7 @@ class Context:
 
     async def close(self) -> None:
         await _quietly(self._ctx.close)
+        await self.proxy.close()
 
     def _failure(self, e: Exception) -> Exception:
         """A playwright error as ours: BrowserLost when the browser or page went under it, else ActionFailed."""
@@ -249,29 +253,6 @@ class Context:
         return ActionFailed(_first_line(e))
 
     # ---- containment -------------------------------------------------------------------------------------------
-    async def _route(self, route: Any) -> None:
-        request = route.request
-        url = request.url
-        why = self.policy.refusal(url)
-        try:
-            if why is not None:
-                self.note(f"a request was refused: {why}")
-                await route.abort("blockedbyclient")
-                return
-            response = await route.fetch(max_redirects=0)
-            location = response.headers.get("location")
-            if 300 <= response.status < 400 and location:
-                why = self.policy.refusal(urljoin(url, location))
-                if why is not None:
-                    self.note(f"a redirect was refused: {why}")
-                    await route.fulfill(status=403, content_type="text/plain",
-                                        body=f"Refused a redirect: {why}.")
-                    return
-            await route.fulfill(response=response)
-        except PlaywrightError as e:  # the site is down, or the context closed meanwhile
-            logger.debug("route %s: %s", url, _first_line(e))
-            await _quietly(lambda: route.abort("failed"))
-
     def _on_page(self, page: Any) -> None:
         if self._opening_own:
             return

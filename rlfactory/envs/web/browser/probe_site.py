@@ -1,6 +1,7 @@
 """A tiny real web site (starlette on uvicorn, 127.0.0.1, a port of its own) that has one of everything the browser
 must handle: links, a search form with a select, a sign-in that sets a cookie, a disabled and a hidden button, a
-download, a pop-up, an alert, links to `file://`, to `data:` and to another site, and a redirect to that other site.
+download, a pop-up, an alert, links to `file://`, to `data:` and to another site, and redirects to that other site
+(one hop and two).
 The browser tests, `bench/web_env.py` and the Playwright-MCP check run against it; the real shop and forum are in
 `rlfactory/envs/web/sites/`.
 
@@ -38,7 +39,7 @@ def probe_app(outside_url: str) -> Starlette:
 <p>{'Signed in as ' + html.escape(user) if user else 'Not signed in'}</p>
 <nav><a href="/products">Products</a> <a href="/account">Account</a> <a href="{outside_url}/">Outside site</a>
 <a href="file:///etc/passwd">Local file</a> <a href="data:text/html,<h1>data</h1>">Data page</a>
-<a href="/away">Redirect away</a> <a href="/download">Download report</a>
+<a href="/away">Redirect away</a> <a href="/hop">Redirect twice</a> <a href="/download">Download report</a>
 <a href="/products" target="_blank">Products in a new window</a></nav>
 <form action="/search" method="get"><label>Search <input type="text" name="q"></label>
 <label>Sort <select name="sort"><option>Price</option><option>Name</option></select></label>
@@ -88,7 +89,10 @@ Ask</button> <span id="answer"></span>
     async def away(request: Request) -> Response:
         return RedirectResponse(f"{outside_url}/from-redirect", status_code=302)
 
-    return Starlette(routes=[Route("/", home), Route("/products", products), Route("/product/{i:int}", product),
+    async def hop(request: Request) -> Response:
+        return RedirectResponse("/away", status_code=302)
+
+    return Starlette(routes=[Route("/hop", hop), Route("/", home), Route("/products", products), Route("/product/{i:int}", product),
                              Route("/search", search), Route("/login", login, methods=["POST"]),
                              Route("/account", account), Route("/download", download), Route("/away", away)])
 
@@ -100,7 +104,10 @@ def outside_app(hits: list[str]) -> Starlette:
         hits.append(request.url.path)
         return _page("Outside", "<h1>You escaped</h1>")
 
-    return Starlette(routes=[Route("/{path:path}", anything, methods=["GET", "POST"])])
+    async def hop(request: Request) -> Response:
+        return RedirectResponse("/away", status_code=302)
+
+    return Starlette(routes=[Route("/hop", hop), Route("/{path:path}", anything, methods=["GET", "POST"])])
 
 
 class Served:

@@ -1,0 +1,133 @@
+"""`OriginProxy`: the HTTP proxy one episode's browser context talks through, which lets through only the episode's
+origins (`OriginPolicy`) — the containment that sees every request the browser makes, each hop of a redirect
+chain included (a Playwright route sees only a chain's first URL).
+
+It listens on 127.0.0.1 on a port of its own; the context is made with `proxy={"server": proxy.url}` (Playwright
+then proxies loopback too: `<-loopback>`). Plain HTTP requests arrive in absolute form (`GET http://host:port/p`)
+and are sent on to their origin with `Connection: close`, one request per connection (the browser opens a new one
+to the proxy for the next: loopback connections cost well under a millisecond, and no request can ride an
+upstream connection opened for another origin). `CONNECT host:port` (https, wss) is tunnelled when an allowed
+origin has that host and port. Anything else is answered 403 with the reason, which also becomes a note for the
+episode's next observation.
+
+Left out: HTTP/2 and pipelining toward the proxy (Chromium speaks HTTP/1.1 to an http proxy), and proxy
+authentication (the port is the episode's identity; it is reachable from this host only).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Callable
+from urllib.parse import urlsplit
+
+from rlfactory.envs.web.browser.policy import OriginPolicy
+
+logger = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024
+QUIET_HOSTS = ("googleapis.com", "google.com", "gstatic.com", "gvt1.com", "googleusercontent.com")
+"""Chromium's own services (autofill, safe browsing) reach for these through the context's proxy: refused like
+anything else, but not noted for the model (it did not ask for them)."""
+_HOP_HEADERS = {b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"}
+
+
+class OriginProxy:
+    def __init__(self, policy: OriginPolicy, note: Callable[[str], None]):
+        self.policy = policy
+        self.note = note
+        self.refused = 0
+        self.forwarded = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.url = ""
+
+    async def start(self) -> OriginProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=MAX_HEAD_BYTES)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._one(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            logger.debug("proxy connection ended: %r", e)
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        line, _, rest = head.partition(b"\r\n")
+        method, target, version = line.decode("latin-1").split(" ", 2)
+        if method == "CONNECT":
+            host, _, port = target.rpartition(":")
+            host = host.strip("[]")
+            allowed = any(urlsplit(o).hostname == host.lower() and str(urlsplit(o).port) == port
+                          for o in self.policy.origins)
+            if not allowed:
+                await self._refuse(writer, host, f"a connection to {target} was refused: it is not one of this "
+                                           f"episode's sites ({', '.join(sorted(self.policy.origins))})")
+                return
+            upstream_r, upstream_w = await asyncio.open_connection(host, int(port))
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await writer.drain()
+            await _pipe_both(reader, writer, upstream_r, upstream_w)
+            return
+        why = self.policy.refusal(target)
+        parts = urlsplit(target)
+        if why is not None or not parts.hostname:
+            await self._refuse(writer, parts.hostname or "",
+                               f"a request was refused: {why or target + ' is not an absolute URL'}")
+            return
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = [h for h in rest.split(b"\r\n") if h and h.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
+        upstream_r, upstream_w = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        upstream_w.write(f"{method} {path} {version}\r\n".encode("latin-1") + b"\r\n".join(headers)
+                         + b"\r\nConnection: close\r\n\r\n")
+        self.forwarded += 1
+        await _pipe_both(reader, writer, upstream_r, upstream_w)
+
+    async def _refuse(self, writer: asyncio.StreamWriter, host: str, why: str) -> None:
+        self.refused += 1
+        if host.endswith(QUIET_HOSTS):
+            logger.debug("proxy: %s", why)
+        else:
+            self.note(why)
+        body = f"Refused by the episode's browser: {why}.".encode()
+        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+async def _pipe_both(a_r: asyncio.StreamReader, a_w: asyncio.StreamWriter, b_r: asyncio.StreamReader,
+                     b_w: asyncio.StreamWriter) -> None:
+    """Copy bytes both ways until the upstream side (b) closes; then close both."""
+
+    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while chunk := await src.read(65536):
+                dst.write(chunk)
+                await dst.drain()
+        except ConnectionError:
+            pass
+
+    upload = asyncio.ensure_future(copy(a_r, b_w))
+    try:
+        await copy(b_r, a_w)
+    finally:
+        upload.cancel()
+        b_w.close()
