@@ -7,8 +7,9 @@ directly — all against the probe site (rlfactory/envs/web/browser/probe_site.p
 - `reset_s`: a new context, the start page loaded and its first observation (`BrowserEnv.open`), p50 / p99.
 - `step_s`: one action and the observation after it, cycling through click a link, click a product, go_back, type
   a search with Enter, scroll; p50 / p99.
-- `rss_mb_per_episode`: the growth of the browser's process tree RSS (browser, renderers, GPU/utility processes)
-  per open episode, from 0 to the largest concurrency level (each episode at the probe home page).
+- `rss_mb_per_episode` / `pss_mb_per_episode`: the growth of the browser's process-tree memory (browser, renderers,
+  GPU/utility processes) per open episode, from 0 to the largest concurrency level (each episode at the probe home
+  page); summed RSS counts shared pages once per process, PSS divides them (the truer cost).
 - `concurrency`: step p99 with N episodes stepping at once (one thread each, as the MCP server's worker threads
   do); `max_concurrent_under_2s_p99` the largest N measured that stays under 2 s.
 - `mcp`: the same resets and steps through `python -m rlfactory.envs.tools.browser` over stdio (its own browser);
@@ -94,19 +95,22 @@ def direct(url: str, resets: int, steps: int, levels: list[int]) -> dict:
         out["step_s"] = summary(step_times)
         env.close()
         # Memory: the browser's tree with 0 .. max(levels) episodes open.
+        def mb(proportional: bool) -> float:
+            return round(host.chromium.memory_bytes(proportional=proportional) / 2**20, 1)
+
         time.sleep(0.5)
-        base = host.chromium.rss_bytes()
         envs = []
-        rss = {0: round(base / 2**20, 1)}
+        rss, pss = {0: mb(False)}, {0: mb(True)}
         for n in range(1, max(levels) + 1):
             e = BrowserEnv(host)
             e.open(url + "/")
             envs.append(e)
             if n in levels:
-                rss[n] = round(host.chromium.rss_bytes() / 2**20, 1)
+                rss[n], pss[n] = mb(False), mb(True)
         top = max(levels)
-        out["rss_mb"] = rss
+        out["rss_mb"], out["pss_mb"] = rss, pss
         out["rss_mb_per_episode"] = round((rss[top] - rss[0]) / top, 1)
+        out["pss_mb_per_episode"] = round((pss[top] - pss[0]) / top, 1)
         # Concurrency: N of those episodes step at once, one thread each.
         conc = {}
         per_thread = max(5, steps // 4)
@@ -191,7 +195,7 @@ def main() -> None:
     report.update({
         "reset_p50_s": d["reset_s"]["p50"], "reset_p99_s": d["reset_s"]["p99"],
         "step_p50_s": d["step_s"]["p50"], "step_p99_s": d["step_s"]["p99"],
-        "rss_mb_per_episode": d["rss_mb_per_episode"],
+        "rss_mb_per_episode": d["rss_mb_per_episode"], "pss_mb_per_episode": d["pss_mb_per_episode"],
         "max_concurrent_under_2s_p99": d["max_concurrent_under_2s_p99"],
         "mcp_overhead_ratio": round(m["step_s"]["p50"] / d["step_s"]["p50"], 3),
         "mcp_reset_overhead_ratio": round(m["reset_s"]["p50"] / d["reset_s"]["p50"], 3),

@@ -136,15 +136,17 @@ class Chromium:
                 continue
         return None
 
-    def rss_bytes(self) -> int:
-        """Resident memory of the browser's whole process tree (0 when it is not running)."""
+    def memory_bytes(self, *, proportional: bool = False) -> int:
+        """Memory of the browser's whole process tree (0 when it is not running): the sum of RSS, or with
+        `proportional` of PSS (each shared page divided among the processes sharing it: what the tree costs, where
+        summed RSS counts Chromium's shared pages once per process)."""
         root = self.process()
         if root is None:
             return 0
         total = 0
         for p in [root, *root.children(recursive=True)]:
             try:
-                total += p.memory_info().rss
+                total += p.memory_full_info().pss if proportional else p.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return total
