@@ -3,6 +3,7 @@ playwright, one process for many episodes and one context per episode, contained
 
 - `adapter.py`   the only module that imports playwright: the process, contexts (containment), tabs
 - `policy.py`    which URLs an episode may reach
+- `proxy.py`     the proxy each context talks through, which forwards only those
 - `actions.py`   WebArena's action language, parsed
 - `observation.py` the accessibility tree with ids, tabs and URL, cut to a budget
 - `episode.py`   one episode: open, act, observe, screenshot, fork, close (async)

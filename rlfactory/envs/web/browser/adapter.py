@@ -21,6 +21,7 @@ types here (`Chromium`, `Context`, `Tab`) and two errors: `ActionFailed` (feedba
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -268,12 +269,17 @@ class Context:
         await _quietly(dialog.accept if accept else dialog.dismiss)
 
 
+_TAB_SERIALS = itertools.count(1)
+
+
 class Tab:
     """One page of a context."""
 
     def __init__(self, context: Context, page: Any):
         self.context = context
         self.page = page
+        self.serial = next(_TAB_SERIALS)
+        """Unique among this process's tabs (element ids are handed out per tab and ref)."""
         page.on("crash", self._on_crash)
         page.on("download", self._on_download)
 

@@ -63,7 +63,7 @@ class BrowserEpisode:
             snapshot = await tab.snapshot()
         except ActionFailed as e:  # reading the page is not the policy's doing: a page that cannot be read is ours
             raise BrowserLost(f"the page could not be read ({e})") from None
-        self.tree = parse_snapshot(snapshot, ids=self.ids, tab=id(tab), show_urls=self.show_urls)
+        self.tree = parse_snapshot(snapshot, ids=self.ids, tab=tab.serial, show_urls=self.show_urls)
         titles = [await t.title() for t in ctx.tabs]
         notes = ([feedback] if feedback else []) + ctx.take_notes()
         return render(tree=self.tree, url=tab.url, tabs=titles, active_tab=ctx.active, notes=notes,
