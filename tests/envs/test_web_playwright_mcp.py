@@ -1,6 +1,7 @@
 """The official Playwright MCP server (`npx @playwright/mcp@0.0.86`), unchanged, as listed in
 mcp_configs/web_playwright.json, driven through rlfactory's tool layer (ToolManager over the MCP client adapter) against
-the real probe site: its tools listed, navigate, snapshot, click, and another origin refused with --allowed-origins.
+the real probe site: its tools listed, navigate, snapshot, click, and another origin refused with --allowed-origins;
+and the same server contained for real by our origin proxy (`--proxy-server`), which also stops a redirect out.
 
 Never downloads: the package is installed by `make install` / .ci/run into `<venv>/playwright-mcp` (or the folder
 RLFACTORY_PLAYWRIGHT_MCP_DIR names); npx runs there with npm offline, so it uses that copy or fails.
@@ -77,3 +78,26 @@ async def test_official_playwright_mcp_through_our_tool_layer(sites, tmp_path):
         r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.outside_url + "/"}))
         assert r.is_error and "ERR_BLOCKED_BY_CLIENT" in r.text
     assert sites.outside_hits == []
+
+
+async def test_official_playwright_mcp_contained_by_our_proxy(sites, tmp_path):
+    """--allowed-origins does not see redirects (Playwright says so); a browser behind our origin proxy is refused
+    at every hop: the probe site's two-hop redirect out never reaches the outside site."""
+    from rlfactory.envs.web.browser.policy import OriginPolicy
+    from rlfactory.envs.web.browser.proxy import OriginProxy
+
+    notes: list[str] = []
+    proxy = await OriginProxy(OriginPolicy.of([sites.url]), notes.append).start()
+    cfg = load_mcp_config(REPO / "mcp_configs" / "web_playwright.json")["playwright"]
+    cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
+                              args=(*cfg.args, "--proxy-server", proxy.url, "--output-dir", str(tmp_path)))
+    try:
+        async with ToolManager({"playwright": cfg}) as tm:
+            r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/hop"}))
+            assert "HTTP status: 403" in r.text, r.text
+            r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/products"}))
+            assert not r.is_error and "Page Title: Products" in r.text
+    finally:
+        await proxy.close()
+    assert any(sites.outside_url + "/from-redirect is outside" in n for n in notes), notes
+    assert sites.outside_hits == [] and proxy.forwarded >= 3

@@ -10,11 +10,16 @@ upstream connection opened for another origin). `CONNECT host:port` (https, wss)
 origin has that host and port. Anything else is answered 403 with the reason, which also becomes a note for the
 episode's next observation.
 
+It also contains a browser that is not ours: `python -m rlfactory.envs.web.browser.proxy --allow
+http://127.0.0.1:8001 [--allow URL ...] --port 8899`, then the official Playwright MCP server with
+`--proxy-server http://127.0.0.1:8899` reaches only those sites (its own `--allowed-origins` does not see redirects).
+
 Left out: HTTP/2 and pipelining toward the proxy (Chromium speaks HTTP/1.1 to an http proxy), and proxy
 authentication (the port is the episode's identity; it is reachable from this host only).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -42,8 +47,8 @@ class OriginProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.url = ""
 
-    async def start(self) -> OriginProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=MAX_HEAD_BYTES)
+    async def start(self, port: int = 0) -> OriginProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port, limit=MAX_HEAD_BYTES)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
@@ -131,3 +136,27 @@ async def _pipe_both(a_r: asyncio.StreamReader, a_w: asyncio.StreamWriter, b_r: 
     finally:
         upload.cancel()
         b_w.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="An HTTP proxy on 127.0.0.1 that forwards only the given origins (to "
+                                            "contain a browser: --proxy-server http://127.0.0.1:PORT).")
+    p.add_argument("--allow", action="append", required=True, metavar="URL", help="an allowed site's base URL")
+    p.add_argument("--port", type=int, default=0, help="the port to listen on (0: any free port)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    policy = OriginPolicy.of(args.allow)
+
+    async def serve() -> None:
+        proxy = await OriginProxy(policy, lambda why: logger.info("refused: %s", why)).start(args.port)
+        logger.info("proxy listening on %s, forwarding only %s", proxy.url, ", ".join(sorted(policy.origins)))
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
