@@ -74,6 +74,7 @@ def main() -> None:
     es = build_env_server("browser", make, instructions=INSTRUCTIONS, reset_doc=None, step_doc=None,
                           max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health,
                           forkable=True)
+    es.start_call = "open(start_url, allowed_origins)"
 
     def open(start_url: Annotated[str, Field(description="The page to open, e.g. http://127.0.0.1:8001/")],
              allowed_origins: Annotated[list[str], Field(description="The episode's sites (base URLs); empty: the "
@@ -89,7 +90,7 @@ def main() -> None:
         key = es.keys.key(episode_id, ctx)
         ep = es.registry.get(key)
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, es.start_call)
         with ep.lock:
             try:
                 png = ep.env.screenshot()

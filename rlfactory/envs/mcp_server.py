@@ -141,9 +141,9 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: st
     return CallToolResult(content=[TextContent(type="text", text=result.render())], structured_content=structured)
 
 
-def no_episode(key: str) -> CallToolResult:
-    """The answer to a call on an episode that is not open."""
-    return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+def no_episode(key: str, start: str = "reset(task_id)") -> CallToolResult:
+    """The answer to a call on an episode that is not open (`start`: the call that opens one)."""
+    return tool_result(StepResult(observation=f"No episode is open: call {start} first."), None, key)
 
 
 def env_state(env: Any) -> str | None:
@@ -175,6 +175,8 @@ class EnvServer:
         self._stop_lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._stopped_count = 0
+        self.start_call = "reset(task_id)"
+        """The call that opens an episode, as the answer to a call on none names it."""
         self.on_shutdown: list[Callable[[], Any]] = []
         """Run after the episodes are closed on the way out (e.g. the AgentGym bridge closes its sentinels)."""
 
@@ -209,7 +211,7 @@ class EnvServer:
         except RuntimeError as e:  # the registry is drained: the server is on its way out
             return error_result(ServerStopping(str(e)))
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, self.start_call)
         with ep.lock:
             if create:
                 ep.steps = 0
@@ -232,7 +234,7 @@ class EnvServer:
         into_key = self.keys.key(into, None)
         ep = self.registry.get(key)
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, self.start_call)
         with ep.lock:
             try:
                 env = ep.env.fork()
@@ -360,7 +362,7 @@ def build_env_server(
         key = es.keys.key(episode_id, ctx)
         ep = es.registry.get(key)
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, es.start_call)
         with ep.lock:
             try:
                 text = ep.env.observe()

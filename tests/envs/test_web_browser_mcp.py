@@ -99,7 +99,7 @@ async def test_fork_goes_on_apart(server, sites):
 
 async def test_errors_for_the_model_and_for_the_infrastructure(server, sites):
     result, text, _ = await call(server, "act", action="click [1]", episode_id="nobody")
-    assert "No episode is open" in text
+    assert "No episode is open: call open(start_url, allowed_origins) first." in text
     result, text, s = await call(server, "open", start_url=sites.outside_url + "/", allowed_origins=[sites.url],
                                  episode_id="out")
     assert result.is_error and "outside this episode's sites" in text and not s.get(INFRA_KEY)
