@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 
 import psutil
 import pytest
@@ -283,6 +284,14 @@ async def test_the_origin_proxy_forwards_only_the_sites(sites):
         assert b"Green hat" in await r.read()
         w.close()
         assert len(notes) == 2 and proxy.refused == 3  # Chromium's own services are refused without a note
+        # An allowed site that is down is a 502 that says so.
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{closed.getsockname()[1]}"
+        closed.close()
+        proxy.policy = OriginPolicy.of([sites.url, f"http://{down}"])
+        gone = await ask(f"GET http://{down}/ HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert gone.startswith(b"HTTP/1.1 502") and f"The site at {down} did not answer".encode() in gone
         assert sites.outside_hits == []
     finally:
         await proxy.close()

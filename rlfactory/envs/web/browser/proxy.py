@@ -86,7 +86,10 @@ class OriginProxy:
                 await self._refuse(writer, host, f"a connection to {target} was refused: it is not one of this "
                                            f"episode's sites ({', '.join(sorted(self.policy.origins))})")
                 return
-            upstream_r, upstream_w = await asyncio.open_connection(host, int(port))
+            upstream = await self._connect(writer, host, int(port))
+            if upstream is None:
+                return
+            upstream_r, upstream_w = upstream
             writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
             await writer.drain()
             await _pipe_both(reader, writer, upstream_r, upstream_w)
@@ -99,11 +102,27 @@ class OriginProxy:
             return
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = [h for h in rest.split(b"\r\n") if h and h.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
-        upstream_r, upstream_w = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        upstream = await self._connect(writer, parts.hostname, parts.port or 80)
+        if upstream is None:
+            return
+        upstream_r, upstream_w = upstream
         upstream_w.write(f"{method} {path} {version}\r\n".encode("latin-1") + b"\r\n".join(headers)
                          + b"\r\nConnection: close\r\n\r\n")
         self.forwarded += 1
         await _pipe_both(reader, writer, upstream_r, upstream_w)
+
+    async def _connect(self, writer: asyncio.StreamWriter, host: str,
+                       port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to an allowed site, or None after answering 502 (the site is down: the page says so)."""
+        try:
+            return await asyncio.open_connection(host, port)
+        except OSError as e:
+            body = f"The site at {host}:{port} did not answer ({e.strerror or e}).".encode()
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                         + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            return None
 
     async def _refuse(self, writer: asyncio.StreamWriter, host: str, why: str) -> None:
         self.refused += 1
