@@ -161,11 +161,11 @@ def test_containment_every_way_out_is_refused(env, sites, tmp_path):
         obs = env.step(f"goto [{sites.url}/]").observation
         home = obs
     obs = env.step(f"click [{eid(obs, 'Download report')}]").observation
-    assert "Note: a download of 'report.bin' was refused" in obs
+    assert "Note: a download of 'report.bin' was refused" in obs and f"URL: {sites.url}/\n" in obs
     obs = env.step(f"click [{eid(obs, 'Open pop-up')}]").observation
-    assert "Note: a pop-up window" in obs and "was refused and closed" in obs and "Tab 1" not in obs
+    assert f"Note: a pop-up window ({sites.url}/products) was refused" in obs and "Tab 1" not in obs
     obs = env.step(f"click [{eid(obs, 'Products in a new window')}]").observation
-    assert "was refused and closed" in obs and "Tab 1" not in obs
+    assert f"Note: a pop-up window ({sites.url}/products) was refused" in obs and "Tab 1" not in obs
     obs = env.step(f"click [{eid(obs, 'Say hello')}]").observation
     assert "Note: a JavaScript alert dialog said 'Hello from the probe' and was accepted" in obs
     obs = env.step(f"click [{eid(obs, 'Ask')}]").observation
@@ -205,6 +205,22 @@ def test_fork_copies_cookies_and_pages_not_the_future(env, sites):
     finally:
         twin.close()
     assert "'Signed in as ada'" in env.step("goto [/]").observation
+
+
+@needs_chromium
+def test_closed_episodes_leave_no_context_open(host, sites):
+    from rlfactory.envs.web.browser.host import BrowserEnv
+
+    before = host.chromium.open_contexts
+    envs = [BrowserEnv(host) for _ in range(3)]
+    for e in envs:
+        e.open(sites.url + "/")
+    twin = envs[0].fork()
+    proxies = [e.episode.context.proxy for e in (*envs, twin)]
+    assert host.chromium.open_contexts == before + 4
+    for e in (*envs, twin):
+        e.close()
+    assert host.chromium.open_contexts == before and all(p._server is None for p in proxies)
 
 
 @needs_chromium
@@ -270,6 +286,9 @@ async def test_the_origin_proxy_forwards_only_the_sites(sites):
     try:
         ok = await ask(f"GET {sites.url}/products HTTP/1.1\r\nHost: x\r\nProxy-Connection: keep-alive\r\n\r\n")
         assert ok.startswith(b"HTTP/1.1 200") and b"Green hat" in ok
+        download = await ask(f"GET {sites.url}/download HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert download.startswith(b"HTTP/1.1 204") and b"secret report" not in download
+        assert notes.pop() == "a download of 'report.bin' was refused"
         out = await ask(f"GET {sites.outside_url}/x HTTP/1.1\r\nHost: x\r\n\r\n")
         assert out.startswith(b"HTTP/1.1 403") and b"outside this episode's sites" in out
         host_port = sites.outside_url.split("//")[1]

@@ -10,7 +10,7 @@ types here (`Chromium`, `Context`, `Tab`) and two errors: `ActionFailed` (feedba
     and answers anything else 403 — each hop of a redirect chain included. (A Playwright route was the first
     design: routes see only a chain's first URL, so a site redirecting twice could lead the browser out.)
   * downloads are refused (`accept_downloads=False`), service workers blocked, pop-ups (`window.open`, links with
-    `target=_blank`) closed as they open, JavaScript dialogs answered (alert/confirm/beforeunload accepted, prompt
+    `target=_blank`) refused in the page as they are asked for, JavaScript dialogs answered (alert/confirm/beforeunload accepted, prompt
     dismissed) — each leaves a note for the next observation;
   * `file:`, `data:` and `chrome:` navigations are refused by `OriginPolicy` before `goto`, and Chromium itself
     refuses a page's links to them.
@@ -43,6 +43,20 @@ LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--di
 """Without the background-networking flags Chromium reaches for Google's services as it starts."""
 _TAG_FLAG = "--rlfactory-browser-tag"
 """A switch Chromium ignores, put on the command line to find this process (and its tree) for RSS and tests."""
+_NO_POPUPS_JS = """(() => {
+  const refused = (url) => {
+    let href = String(url || "about:blank");
+    try { href = new URL(href, location.href).href; } catch (e) {}
+    (window.__rlfRefusedPopups = window.__rlfRefusedPopups || []).push(href);
+  };
+  window.open = function (url) { refused(url); return null; };
+  document.addEventListener("click", (e) => {
+    const a = e.target && e.target.closest ? e.target.closest("a[target], area[target]") : null;
+    if (a && !["", "_self", "_top", "_parent"].includes(a.target)) { e.preventDefault(); refused(a.href); }
+  }, true);
+})();"""
+"""Refuses pop-ups inside the page, as they are asked for (`window.open`, links to another window), so the step that
+asked sees its note; the context's `page` event closes any that still open (a form posting to a new window)."""
 MAX_NOTES = 8
 """Notes kept for one observation (a page that fires 100 refused requests must not flood it)."""
 _KEYS = {"ctrl": "Control", "control": "Control", "cmd": "Meta", "meta": "Meta", "alt": "Alt", "shift": "Shift",
@@ -125,6 +139,11 @@ class Chromium:
         await context.setup()
         return context
 
+    @property
+    def open_contexts(self) -> int:
+        """Browser contexts open in the running browser (one per open episode)."""
+        return len(self._browser.contexts) if self.connected else 0
+
     def process(self) -> psutil.Process | None:
         """The browser's own process (the root of its renderers, GPU and utility processes), or None."""
         flag = f"{_TAG_FLAG}={self._tag}"
@@ -183,6 +202,7 @@ class Context:
         s = self.chromium.settings
         self._ctx.set_default_timeout(s.action_timeout_s * 1000)
         self._ctx.set_default_navigation_timeout(s.navigation_timeout_s * 1000)
+        await self._ctx.add_init_script(_NO_POPUPS_JS)
         self._ctx.on("page", self._on_page)
         self._ctx.on("dialog", self._on_dialog)
 
@@ -259,7 +279,7 @@ class Context:
     def _on_page(self, page: Any) -> None:
         if self._opening_own:
             return
-        self.note(f"a pop-up window ({page.url}) was refused and closed; open pages with goto [url] or new_tab")
+        self.note(f"a pop-up window ({page.url}) was refused; open pages with goto [url] or new_tab")
         asyncio.ensure_future(_quietly(page.close))
 
     async def _on_dialog(self, dialog: Any) -> None:
@@ -311,12 +331,19 @@ class Tab:
         return await self._do(lambda: self.page.aria_snapshot(mode="ai", timeout=timeout_ms))
 
     async def settle(self) -> None:
-        """Wait for the page's load event after an action that may navigate (a note when it does not come)."""
+        """Wait for the page's load event after an action that may navigate (a note when it does not come), and
+        note the pop-ups the page refused meanwhile."""
         try:
             await self.page.wait_for_load_state("load")
         except PlaywrightError as e:
             self.context.check()
             self.context.note(f"the page had not finished loading ({_first_line(e)})")
+        try:
+            urls = await self.page.evaluate("() => (window.__rlfRefusedPopups || []).splice(0)")
+        except PlaywrightError:  # the page navigated meanwhile: its record went with it
+            urls = []
+        for url in urls:
+            self.context.note(f"a pop-up window ({url}) was refused; open pages with goto [url] or new_tab")
 
     async def goto(self, url: str) -> None:
         await self._do(lambda: self.page.goto(url, wait_until="load"))

@@ -6,7 +6,8 @@ It listens on 127.0.0.1 on a port of its own; the context is made with `proxy={"
 then proxies loopback too: `<-loopback>`). Plain HTTP requests arrive in absolute form (`GET http://host:port/p`)
 and are sent on to their origin with `Connection: close`, one request per connection (the browser opens a new one
 to the proxy for the next: loopback connections cost well under a millisecond, and no request can ride an
-upstream connection opened for another origin). `CONNECT host:port` (https, wss) is tunnelled when an allowed
+upstream connection opened for another origin); a response that is a download is answered `204 No Content`
+instead (the page stays; the file never reaches the browser). `CONNECT host:port` (https, wss) is tunnelled when an allowed
 origin has that host and port. Anything else is answered 403 with the reason, which also becomes a note for the
 episode's next observation.
 
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import re
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -109,7 +111,20 @@ class OriginProxy:
         upstream_w.write(f"{method} {path} {version}\r\n".encode("latin-1") + b"\r\n".join(headers)
                          + b"\r\nConnection: close\r\n\r\n")
         self.forwarded += 1
-        await _pipe_both(reader, writer, upstream_r, upstream_w)
+        await _pipe_both(reader, writer, upstream_r, upstream_w, screen=lambda head: self._screen(target, head))
+
+    def _screen(self, url: str, head: bytes) -> bytes | None:
+        """What to send the browser instead of a response whose head is `head`, or None to pass it on: a download
+        (`Content-Disposition: attachment`) becomes `204 No Content`, which leaves the page where it was, and a
+        note — here, before the browser has the response, so the step that asked for it sees the note."""
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-disposition" and value.strip().lower().startswith(b"attachment"):
+                filename = re.search(rb'filename="?([^";]+)', value)
+                shown = filename.group(1).decode("latin-1") if filename else url
+                self.note(f"a download of {shown!r} was refused")
+                return b"HTTP/1.1 204 No Content\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        return None
 
     async def _connect(self, writer: asyncio.StreamWriter, host: str,
                        port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
@@ -138,8 +153,9 @@ class OriginProxy:
 
 
 async def _pipe_both(a_r: asyncio.StreamReader, a_w: asyncio.StreamWriter, b_r: asyncio.StreamReader,
-                     b_w: asyncio.StreamWriter) -> None:
-    """Copy bytes both ways until the upstream side (b) closes; then close both."""
+                     b_w: asyncio.StreamWriter, screen: Callable[[bytes], bytes | None] | None = None) -> None:
+    """Copy bytes both ways until the upstream side (b) closes; then close both. `screen(head)` sees the upstream
+    response's head first and may answer in its place."""
 
     async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
@@ -151,6 +167,13 @@ async def _pipe_both(a_r: asyncio.StreamReader, a_w: asyncio.StreamWriter, b_r: 
 
     upload = asyncio.ensure_future(copy(a_r, b_w))
     try:
+        if screen is not None:
+            head = await b_r.readuntil(b"\r\n\r\n")
+            instead = screen(head)
+            a_w.write(head if instead is None else instead)
+            await a_w.drain()
+            if instead is not None:
+                return
         await copy(b_r, a_w)
     finally:
         upload.cancel()
