@@ -2,11 +2,12 @@
 concurrent episodes that keep step p99 under 2 s, and the MCP server's overhead against calling the browser
 directly — all against the probe site (rlfactory/envs/web/browser/probe_site.py), side by side in one run.
 
-    python bench/web_env.py --json out.json [--resets 12] [--steps 36] [--concurrency 1,2,4,8]
+    python bench/web_env.py --json out.json [--resets 12] [--steps 36] [--concurrency 1,2,4,8,16]
 
 - `reset_s`: a new context, the start page loaded and its first observation (`BrowserEnv.open`), p50 / p99.
 - `step_s`: one action and the observation after it, cycling through click a link, click a product, go_back, type
   a search with Enter, scroll; p50 / p99.
+- `fork_s`: a fork (a new context with the cookies and storage, its tabs loaded again) and its observation.
 - `rss_mb_per_episode` / `pss_mb_per_episode`: the growth of the browser's process-tree memory (browser, renderers,
   GPU/utility processes) per open episode, from 0 to the largest concurrency level (each episode at the probe home
   page); summed RSS counts shared pages once per process, PSS divides them (the truer cost).
@@ -93,6 +94,14 @@ def direct(url: str, resets: int, steps: int, levels: list[int]) -> dict:
         out["reset_s"] = summary(reset_times)
         step_times, _ = play(lambda a: env.step(a).observation, obs, steps)
         out["step_s"] = summary(step_times)
+        fork_times = []
+        for _ in range(max(3, resets // 2)):
+            t = time.perf_counter()
+            twin = env.fork()
+            twin.observe()
+            fork_times.append(time.perf_counter() - t)
+            twin.close()
+        out["fork_s"] = summary(fork_times)
         env.close()
         # Memory: the browser's tree with 0 .. max(levels) episodes open.
         def mb(proportional: bool) -> float:
@@ -180,7 +189,7 @@ def main() -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--resets", type=int, default=12)
     p.add_argument("--steps", type=int, default=36)
-    p.add_argument("--concurrency", default="1,2,4,8")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
     args = p.parse_args()
     levels = sorted({int(x) for x in args.concurrency.split(",")})
     from rlfactory.envs.web.browser.probe_site import ProbeSites
@@ -194,7 +203,7 @@ def main() -> None:
     d, m = report["direct"], report["mcp"]
     report.update({
         "reset_p50_s": d["reset_s"]["p50"], "reset_p99_s": d["reset_s"]["p99"],
-        "step_p50_s": d["step_s"]["p50"], "step_p99_s": d["step_s"]["p99"],
+        "step_p50_s": d["step_s"]["p50"], "step_p99_s": d["step_s"]["p99"], "fork_p50_s": d["fork_s"]["p50"],
         "rss_mb_per_episode": d["rss_mb_per_episode"], "pss_mb_per_episode": d["pss_mb_per_episode"],
         "max_concurrent_under_2s_p99": d["max_concurrent_under_2s_p99"],
         "mcp_overhead_ratio": round(m["step_s"]["p50"] / d["step_s"]["p50"], 3),
