@@ -214,6 +214,10 @@ class Context:
             self._lost = "the browser process died"
         return self._lost
 
+    def mark_lost(self, why: str) -> None:
+        """This context is unusable from now on (kept: the first reason)."""
+        self._lost = self._lost or why
+
     def check(self) -> None:
         if self.lost:
             raise BrowserLost(f"{self.lost}; this episode cannot go on (open a new one)")

@@ -159,9 +159,12 @@ class BrowserEpisode:
             for tab in ctx.tabs:
                 await twin.context.new_tab(tab.url if tab.url != "about:blank" else None)
             await twin.context.focus(ctx.active)
-        except (ActionFailed, BrowserLost):
+        except ActionFailed:
             await twin.close()
             raise BrowserLost("fork: the copy's pages did not load") from None
+        except BaseException:  # lost, or cancelled (the call timed out): the copy must not stay open
+            await twin.close()
+            raise
         twin.done, twin.answer, twin.steps = self.done, self.answer, self.steps
         return twin
 

@@ -74,19 +74,23 @@ class BrowserEnv:
     def done(self) -> bool:
         return self.episode.done
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], *, loses: bool = True) -> T:
+        """Run one of the episode's calls; a BrowserLost ends the episode (`loses=False`: a failure that is the
+        call's alone, such as a fork whose copy did not load)."""
         if self.lost is not None:
             coro.close()
             raise BrowserLost(f"{self.lost}; this episode cannot go on (open a new one)")
         try:
             return self.host.run(coro)
         except BrowserLost as e:
+            if not loses and self.episode.context is not None and not self.episode.context.lost:
+                raise
             self.lost = str(e).split("; this episode")[0]
             # The context is unusable now (or the call was cancelled half way): drop it so that every later call
             # says so, and free it in the background.
             ctx, self.episode.context = self.episode.context, None
             if ctx is not None:
-                ctx._lost = ctx._lost or "the browser did not answer"
+                ctx.mark_lost("the browser did not answer")
                 asyncio.run_coroutine_threadsafe(ctx.close(), self.host.loop)
             raise
 
@@ -107,7 +111,7 @@ class BrowserEnv:
         return self._run(self.episode.screenshot())
 
     def fork(self) -> BrowserEnv:
-        return BrowserEnv(self.host, episode=self._run(self.episode.fork()))
+        return BrowserEnv(self.host, episode=self._run(self.episode.fork(), loses=False))
 
     def close(self) -> None:
         try:
