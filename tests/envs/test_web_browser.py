@@ -187,8 +187,16 @@ def test_model_mistakes_are_feedback(env, sites):
     # The element goes hidden behind the model's back (the page is the adapter's playwright page).
     env.host.run(env.episode.context.tab.page.evaluate("document.getElementById('target').style.display='none'"))
     assert "that element is hidden" in env.step(f"click [{target}]").observation
-    with pytest.raises(EnvError, match="outside this episode's sites"):
+    with pytest.raises(EnvError, match="outside this episode's sites") as e:
         env.open(sites.outside_url + "/", [sites.url])
+    assert not e.value.infra  # a wrong start URL is the caller's mistake
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    down = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    with pytest.raises(BrowserLost, match="answered HTTP 502; is the site up") as e:
+        env.open(down + "/")
+    assert e.value.infra  # a site that is down is the infrastructure's
 
 
 @needs_chromium

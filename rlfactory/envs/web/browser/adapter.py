@@ -236,6 +236,7 @@ class Context:
 
     # ---- tabs --------------------------------------------------------------------------------------------------
     async def new_tab(self, url: str | None = None) -> Tab:
+        """A new tab (the active one), at `url` when given; its load's status is `tab.status`."""
         self.check()
         self._opening_own = True
         try:
@@ -248,7 +249,7 @@ class Context:
         self.tabs.append(tab)
         self.active = len(self.tabs) - 1
         if url:
-            await tab.goto(url)
+            tab.status = await tab.goto(url)
         return tab
 
     async def close_tab(self, index: int) -> None:
@@ -302,6 +303,8 @@ class Tab:
     def __init__(self, context: Context, page: Any):
         self.context = context
         self.page = page
+        self.status: int | None = None
+        """The HTTP status of the page the tab was opened at."""
         self.serial = next(_TAB_SERIALS)
         """Unique among this process's tabs (element ids are handed out per tab and ref)."""
         page.on("crash", self._on_crash)
@@ -349,8 +352,10 @@ class Tab:
         for url in urls:
             self.context.note(f"a pop-up window ({url}) was refused; open pages with goto [url] or new_tab")
 
-    async def goto(self, url: str) -> None:
-        await self._do(lambda: self.page.goto(url, wait_until="load"))
+    async def goto(self, url: str) -> int | None:
+        """Load `url`; its HTTP status (None for about:blank and the like)."""
+        response = await self._do(lambda: self.page.goto(url, wait_until="load"))
+        return None if response is None else response.status
 
     async def back(self) -> bool:
         return await self._do(lambda: self.page.go_back(wait_until="load")) is not None

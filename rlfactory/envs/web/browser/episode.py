@@ -51,9 +51,11 @@ class BrowserEpisode:
         self.done, self.answer, self.steps, self.ids = False, None, 0, IdTable()
         self.context = await self.chromium.new_context(policy)
         try:
-            await self.context.new_tab(start_url)
+            tab = await self.context.new_tab(start_url)
         except ActionFailed as e:  # the site did not answer: ours to fix, not the policy's
             raise BrowserLost(f"open: {start_url} did not load ({e})") from None
+        if tab.status is not None and tab.status >= 500:  # a site that is down or broken: not the policy's doing
+            raise BrowserLost(f"open: {start_url} answered HTTP {tab.status}; is the site up?")
         return StepResult(observation=await self.observe(), info={"url": start_url})
 
     async def observe(self, feedback: str | None = None) -> str:
