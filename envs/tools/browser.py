@@ -2,7 +2,7 @@
 to the episode's sites, observed and driven as WebArena's agents are.
 
 Run: `python -m rlfactory.envs.tools.browser [--chromium PATH] [--max-chars N] [--show-urls] [--max-episodes N]
-[--idle-timeout-s S]`.
+[--idle-timeout-s S] [--start-url URL ... --allow URL ...]`.
 
 Tools (each takes `episode_id`, filled in by rlfactory with the trajectory id):
 - `open(start_url, allowed_origins)`: a new context at `start_url`; only `allowed_origins` (base URLs; default the
@@ -11,6 +11,9 @@ Tools (each takes `episode_id`, filled in by rlfactory with the trajectory id):
   returns the observation (the accessibility tree with ids, tabs, URL, notes). `stop` ends the episode (`done`).
 - `observe()`, `screenshot()` (a PNG image), `close()`, and the loop-only `fork(into)` (a new context with the same
   cookies, local storage and tab URLs).
+With `--start-url` (and `--allow`), episodes open by task id instead: `reset(task_id)` opens start URL
+`task_id % N` with the `--allow` origins (default: the start URL's), so a task row's `env: {server, task_id}` opens
+it before the first turn; `open` is then not offered (the policy must not choose its own sites).
 A browser or page that dies is an error result marked as infrastructure (`rlfactory/infra`): the trainer keeps the
 trajectory out of the loss; the browser is launched again for the next episode. The code is in
 `rlfactory/envs/web/browser/`; scoring is the web environment's (its evaluator), not this server's.
@@ -30,12 +33,13 @@ from rlfactory.envs.types import EnvError
 from rlfactory.envs.web.browser.adapter import CHROMIUM, BrowserSettings
 from rlfactory.envs.web.browser.host import BrowserEnv, BrowserHost
 from rlfactory.envs.web.browser.observation import DEFAULT_MAX_CHARS
+from rlfactory.envs.web.browser.policy import OriginPolicy
 
 logger = logging.getLogger(__name__)
 
 INSTRUCTIONS = (
-    "A web browser. Call open(start_url, allowed_origins) to start; each observation is the page's accessibility "
-    "tree, where every element has an id in brackets ([12] link 'Red shirt'), then the open tabs and the URL. Act "
+    "A web browser. Call open(start_url, allowed_origins) (or reset(task_id)) to start; each observation is the "
+    "page's accessibility tree, where every element has an id in brackets ([12] link 'Red shirt'), then the open tabs and the URL. Act "
     "with act(action), one action a call: click [id], type [id] [text] [press_enter], hover [id], press [keys], "
     "scroll [up|down], goto [url], go_back, go_forward, new_tab, tab_focus [i], close_tab, stop [answer]."
 )
@@ -56,12 +60,17 @@ def main() -> None:
         p.add_argument("--show-urls", action="store_true", help="show each link's URL in the observation")
         p.add_argument("--action-timeout-s", type=float, default=5.0,
                        help="how long an element action waits for its element to become actionable")
+        p.add_argument("--start-url", action="append", default=[],
+                       help="open episodes by reset(task_id) at this URL (repeat: task_id % N picks one)")
+        p.add_argument("--allow", action="append", default=[],
+                       help="with --start-url: the episodes' sites (base URLs; default: each start URL's site)")
 
     args = server_args("Browser MCP server", max_episodes=32, extra=extra)
     host = BrowserHost(BrowserSettings(executable_path=args.chromium, action_timeout_s=args.action_timeout_s))
 
     def make() -> BrowserEnv:
-        return BrowserEnv(host, max_chars=args.max_chars, show_urls=args.show_urls)
+        return BrowserEnv(host, max_chars=args.max_chars, show_urls=args.show_urls,
+                          start_urls=tuple(args.start_url), allowed_origins=tuple(args.allow))
 
     def health() -> tuple[bool, str]:
         try:
@@ -71,10 +80,19 @@ def main() -> None:
         proc = host.chromium.process()
         return True, f"chromium running (pid {proc.pid if proc else '?'})"
 
-    es = build_env_server("browser", make, instructions=INSTRUCTIONS, reset_doc=None, step_doc=None,
+    by_task = bool(args.start_url)
+    if by_task:  # a start URL outside the sites fails here, not in every episode
+        policy = OriginPolicy.of(args.allow or args.start_url)
+        for url in args.start_url:
+            if policy.refusal(url):
+                raise SystemExit(f"--start-url {url}: {policy.refusal(url)}; add its site with --allow")
+    reset_doc = (f"Open the browser for task `task_id` at one of {len(args.start_url)} start page(s). Returns the "
+                 "page's observation.") if by_task else None
+    es = build_env_server("browser", make, instructions=INSTRUCTIONS, reset_doc=reset_doc, step_doc=None,
                           max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health,
                           forkable=True)
-    es.start_call = "open(start_url, allowed_origins)"
+    if not by_task:
+        es.start_call = "open(start_url, allowed_origins)"
 
     def open(start_url: Annotated[str, Field(description="The page to open, e.g. http://127.0.0.1:8001/")],
              allowed_origins: Annotated[list[str], Field(description="The episode's sites (base URLs); empty: the "
@@ -99,7 +117,8 @@ def main() -> None:
         return CallToolResult(content=[ImageContent(type="image", data=base64.b64encode(png).decode(),
                                                     mime_type="image/png")])
 
-    es.add_tool(open, OPEN_DOC)
+    if not by_task:
+        es.add_tool(open, OPEN_DOC)
     es.add_tool(act, ACT_DOC)
     es.add_tool(screenshot, "A PNG screenshot of the current tab's visible part.")
     es.on_shutdown.append(host.close)

@@ -126,3 +126,25 @@ def _descends_from_us(proc: psutil.Process) -> bool:
         return any(p.pid == me for p in proc.parents())
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_episodes_open_by_task_id_with_start_urls(sites):
+    """`--start-url ... --allow ...`: `reset(task_id)` opens the task's start page (what a task row's `env` asks of
+    the loop before the first turn), and the policy is offered no `open` to pick its own sites."""
+    from rlfactory.tools.mcp_client import MCPConnection
+    from rlfactory.tools.mcp_configs import ServerConfig
+
+    conn = MCPConnection(ServerConfig("browser", "test", "stdio", command=sys.executable, args=(
+        "-m", "rlfactory.envs.tools.browser", "--start-url", sites.url + "/", "--start-url", sites.url + "/products",
+        "--allow", sites.url)))
+    await conn.open(timeout_s=60)
+    try:
+        tools = {t.name for t in (await conn.session.list_tools()).tools}
+        assert "reset" in tools and "open" not in tools
+        _, _, s = await call(conn.session, "reset", task_id=3, episode_id="t3")  # 3 % 2: the second start URL
+        assert f"URL: {sites.url}/products" in s["observation"]
+        _, _, s = await call(conn.session, "act", action=f"goto [{sites.outside_url}/]", episode_id="t3")
+        assert "outside this episode's sites" in s["observation"]
+        await call(conn.session, "close", episode_id="t3")
+    finally:
+        await conn.close()

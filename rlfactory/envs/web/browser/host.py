@@ -64,8 +64,13 @@ class BrowserEnv:
     task_id = None
 
     def __init__(self, host: BrowserHost, *, max_chars: int = DEFAULT_MAX_CHARS, show_urls: bool = False,
-                 episode: BrowserEpisode | None = None):
+                 episode: BrowserEpisode | None = None, start_urls: tuple[str, ...] = (),
+                 allowed_origins: tuple[str, ...] = ()):
+        """`start_urls` / `allowed_origins`: what `reset(task_id)` opens (start URL `task_id % len`), for a server
+        whose episodes open by task id."""
         self.host = host
+        self.start_urls = start_urls
+        self.allowed_origins = allowed_origins
         self.episode = episode or BrowserEpisode(host.chromium, max_chars=max_chars, show_urls=show_urls)
         self.lost: str | None = None
         """Why this episode cannot go on (its browser or page died), once it happened."""
@@ -99,7 +104,9 @@ class BrowserEnv:
         return self._run(self.episode.open(start_url, allowed_origins))
 
     def reset(self, task_id: int) -> StepResult:
-        raise EnvError("the browser has no tasks: call open(start_url, allowed_origins)")
+        if not self.start_urls:
+            raise EnvError("this browser has no start URLs to reset to: call open(start_url, allowed_origins)")
+        return self.open(self.start_urls[task_id % len(self.start_urls)], list(self.allowed_origins) or None)
 
     def step(self, action: str) -> StepResult:
         return self._run(self.episode.act(action))
