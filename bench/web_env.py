@@ -92,6 +92,7 @@ def direct(url: str, resets: int, steps: int, levels: list[int]) -> dict:
             obs = env.open(url + "/").observation
             reset_times.append(time.perf_counter() - t)
         out["reset_s"] = summary(reset_times)
+        out["observation_chars_home"] = len(obs)
         step_times, _ = play(lambda a: env.step(a).observation, obs, steps)
         out["step_s"] = summary(step_times)
         fork_times = []
