@@ -46,7 +46,7 @@ class OriginProxy:
         self.refused = 0
         self.forwarded = 0
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.url = ""
 
     async def start(self, port: int = 0) -> OriginProxy:
@@ -56,23 +56,22 @@ class OriginProxy:
         return self
 
     async def close(self) -> None:
+        """Stop listening and end the connections still open (their handlers see the end of their stream; they
+        are not cancelled, which asyncio's stream callbacks would log as errors)."""
         if self._server is not None:
             self._server.close()
             self._server = None
-        for task in list(self._tasks):
-            task.cancel()
+        for writer in list(self._writers):
+            writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        self._writers.add(writer)
         try:
             await self._one(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
             logger.debug("proxy connection ended: %r", e)
         finally:
-            if task is not None:
-                self._tasks.discard(task)
+            self._writers.discard(writer)
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
