@@ -121,9 +121,12 @@ async def test_errors_for_the_model_and_for_the_infrastructure(server, sites):
 
 
 def _descends_from_us(proc: psutil.Process) -> bool:
+    """A browser of the module's server (a child of this process): not another test's, nor another worker's."""
     me = os.getpid()
     try:
-        return any(p.pid == me for p in proc.parents())
+        chain = proc.parents()
+        return any(p.pid == me for p in chain) and any(
+            "rlfactory.envs.tools.browser" in " ".join(p.cmdline()) and p.ppid() == me for p in chain)
     except psutil.NoSuchProcess:
         return False
 
