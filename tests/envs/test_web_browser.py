@@ -74,6 +74,20 @@ def test_observation_renders_ids_and_says_what_was_cut():
     assert len(text) <= 400 and re.search(r"\[… \d+ more lines \(\d+ characters\) of this page are not shown", text)
 
 
+def test_a_long_page_loses_what_is_above_the_view_first():
+    snap = "\n".join(['- main [ref=e1] [box=0,-900,1280,2000]:',
+                      *[f'  - link "Item {i}" [ref=e{10 + i}] [box=8,{-900 + 40 * i},60,20]' for i in range(60)]])
+    tree = parse_snapshot(snap)
+    assert tree.bottoms[0] == 1100 and tree.bottoms[1] == -880
+    text = render(tree=tree, url="http://x/", tabs=["Shop"], active_tab=0, notes=[], max_chars=600)
+    lines = text.splitlines()
+    # Items 0-21 end above the view (y + 20 < 0): left out first, said so; then the end is cut.
+    assert lines[2] == "[… 22 lines above the visible part of the page are not shown: scroll up for them]"
+    assert lines[3] == "[1] main" and lines[4] == "\t[24] link 'Item 22'" and "Item 21'" not in text
+    assert "scroll down for them]" in lines[-1] and len(text) <= 600
+    assert render(tree=tree, url="u", tabs=["t"], active_tab=0, notes=[], max_chars=5000).count("link") == 60
+
+
 # ---- real Chromium against the probe site -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sites():
@@ -197,6 +211,24 @@ def test_model_mistakes_are_feedback(env, sites):
     with pytest.raises(BrowserLost, match="answered HTTP 502; is the site up") as e:
         env.open(down + "/")
     assert e.value.infra  # a site that is down is the infrastructure's
+
+
+@needs_chromium
+def test_scroll_brings_a_long_pages_end_into_a_short_observation(host, sites):
+    from rlfactory.envs.web.browser.host import BrowserEnv
+
+    env = BrowserEnv(host, max_chars=600)
+    try:
+        obs = env.open(sites.url + "/").observation
+        assert "'Probe shop'" in obs and "'Footer text'" not in obs and "scroll down for them]" in obs
+        for _ in range(6):  # the tall section is 3000 px
+            obs = env.step("scroll [down]").observation
+            if "'Footer text'" in obs:
+                break
+        assert "'Footer text'" in obs and "'Probe shop'" not in obs
+        assert "lines above the visible part of the page are not shown: scroll up for them" in obs
+    finally:
+        env.close()
 
 
 @needs_chromium

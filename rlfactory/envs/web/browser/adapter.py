@@ -335,7 +335,7 @@ class Tab:
 
     async def snapshot(self) -> str:
         timeout_ms = self.context.chromium.settings.navigation_timeout_s * 1000
-        return await self._do(lambda: self.page.aria_snapshot(mode="ai", timeout=timeout_ms))
+        return await self._do(lambda: self.page.aria_snapshot(mode="ai", boxes=True, timeout=timeout_ms))
 
     async def settle(self) -> None:
         """Wait for the page's load event after an action that may navigate (a note when it does not come), and

@@ -16,8 +16,10 @@ made).
 Rendering, per line: a tab per depth, `[id] role 'name'` and WebArena-style properties (`focused: True`,
 `disabled: True`, `checked: True`, `level: 2`); text is `StaticText 'text'`; a nameless `generic` wrapper is
 dropped and its children moved up a level (the largest saving on real pages). Link URLs are not shown (WebArena
-does not show them) unless `show_urls`. Left out: a viewport-only view (the whole page is rendered and cut at the
-end, so `scroll` moves the page but not this text) and images' pixels (`screenshot` is the tool for those).
+does not show them) unless `show_urls`. A page that fits the budget is shown whole; one that does not loses first
+the lines wholly above the view (the snapshot carries each element's box), then its end, each with a line saying
+so — so `scroll` brings a long page's later part into the text. Left out: images' pixels (`screenshot` is the tool
+for those).
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ class Element:
 class Tree:
     lines: list[str]
     elements: dict[str, Element] = field(default_factory=dict)
+    bottoms: list[float | None] = field(default_factory=list)
+    """Per line, where its element ends below the viewport's top (negative: above the view), when known."""
 
 
 class IdTable:
@@ -66,65 +70,85 @@ class IdTable:
 
 def parse_snapshot(snapshot: str, *, ids: IdTable | None = None, tab: int = 0, show_urls: bool = False) -> Tree:
     """The AI snapshot's YAML as WebArena-style lines and the table of ids (`ids`: the episode's; `tab`: which tab's
-    refs these are)."""
+    refs these are). A snapshot taken with boxes (`[box=x,y,w,h]`, viewport-relative) also gives each line the
+    bottom of its element, which `render` uses to leave out what is above the view when the page does not fit."""
     ids = ids or IdTable()
     try:
         doc = yaml.load(snapshot, Loader=_Loader) or []
     except yaml.YAMLError:  # never seen; a page must not break the episode over it
         return Tree(lines=[f"StaticText {_quote(line.strip())}" for line in snapshot.splitlines() if line.strip()])
-    tree = Tree(lines=[])
-    _walk(doc if isinstance(doc, list) else [doc], 0, tree, lambda ref: ids.id_for(tab, ref), show_urls)
-    return tree
+    builder = _Builder(lambda ref: ids.id_for(tab, ref), show_urls)
+    builder.walk(doc if isinstance(doc, list) else [doc], 0, None)
+    return builder.tree
 
 
-def _walk(items: list[Any], depth: int, tree: Tree, id_for: Callable[[str], str], show_urls: bool) -> None:
-    for item in items:
-        if isinstance(item, dict):
-            for key, value in item.items():
-                _node(str(key), value, depth, tree, id_for, show_urls)
-        elif item is not None:
-            _node(str(item), None, depth, tree, id_for, show_urls)
+class _Builder:
+    def __init__(self, id_for: Callable[[str], str], show_urls: bool):
+        self.tree = Tree(lines=[])
+        self.id_for = id_for
+        self.show_urls = show_urls
+
+    def add(self, line: str, bottom: float | None) -> None:
+        self.tree.lines.append(line)
+        self.tree.bottoms.append(bottom)
+
+    def walk(self, items: list[Any], depth: int, bottom: float | None) -> None:
+        for item in items:
+            if isinstance(item, dict):
+                for key, value in item.items():
+                    self.node(str(key), value, depth, bottom)
+            elif item is not None:
+                self.node(str(item), None, depth, bottom)
+
+    def node(self, key: str, value: Any, depth: int, parent_bottom: float | None) -> None:
+        pad = "\t" * depth
+        if key == "text":
+            self.add(f"{pad}StaticText {_quote(str(value or ''))}", parent_bottom)
+            return
+        if key.startswith("/"):  # a property line of the parent (`/url: ...`, `/placeholder: ...`), handled there
+            return
+        m = _KEY.match(key)
+        if m is None:
+            self.add(f"{pad}StaticText {_quote(key)}", parent_bottom)
+            return
+        role, name = m.group("role"), _unescape(m.group("name") or "")
+        attrs = {a: (v if v is not None else "") for a, v in _ATTR.findall(m.group("attrs") or "")}
+        bottom = _bottom(attrs.get("box"), parent_bottom)
+        children = value if isinstance(value, list) else []
+        inline = value if isinstance(value, str) else ""
+        url = next((str(c["/url"]) for c in children if isinstance(c, dict) and "/url" in c), None)
+        ref = attrs.get("ref")
+        if role == "generic" and not name and not inline and "cursor" not in attrs:
+            self.walk(children, depth, bottom)  # a layout wrapper: its children take its place
+            return
+        if not name and inline:
+            name, inline = inline, ""
+        parts = []
+        if ref:
+            eid = self.id_for(ref)
+            self.tree.elements[eid] = Element(ref=ref, role=role, name=name, url=url)
+            parts.append(f"[{eid}]")
+        parts.append(role)
+        if name:
+            parts.append(_quote(name))
+        for attr, prop in _PROPS.items():
+            if attr in attrs:
+                parts.append(f"{prop}: {attrs[attr] if attrs[attr] else 'True'}")
+        if self.show_urls and url:
+            parts.append(f"url: {url}")
+        self.add(pad + " ".join(parts), bottom)
+        if inline:
+            self.add(f"{pad}\tStaticText {_quote(inline)}", bottom)
+        self.walk(children, depth + 1, bottom)
 
 
-def _node(key: str, value: Any, depth: int, tree: Tree, id_for: Callable[[str], str], show_urls: bool) -> None:
-    pad = "\t" * depth
-    if key == "text":
-        tree.lines.append(f"{pad}StaticText {_quote(str(value or ''))}")
-        return
-    if key.startswith("/"):  # a property line of the parent (`/url: ...`, `/placeholder: ...`), handled there
-        return
-    m = _KEY.match(key)
-    if m is None:
-        tree.lines.append(f"{pad}StaticText {_quote(key)}")
-        return
-    role, name = m.group("role"), _unescape(m.group("name") or "")
-    attrs = {a: (v if v is not None else "") for a, v in _ATTR.findall(m.group("attrs") or "")}
-    children = value if isinstance(value, list) else []
-    inline = value if isinstance(value, str) else ""
-    url = next((str(c["/url"]) for c in children if isinstance(c, dict) and "/url" in c), None)
-    ref = attrs.get("ref")
-    if role == "generic" and not name and not inline and "cursor" not in attrs:
-        _walk(children, depth, tree, id_for, show_urls)  # a layout wrapper: its children take its place
-        return
-    if not name and inline:
-        name, inline = inline, ""
-    parts = []
-    if ref:
-        eid = id_for(ref)
-        tree.elements[eid] = Element(ref=ref, role=role, name=name, url=url)
-        parts.append(f"[{eid}]")
-    parts.append(role)
-    if name:
-        parts.append(_quote(name))
-    for attr, prop in _PROPS.items():
-        if attr in attrs:
-            parts.append(f"{prop}: {attrs[attr] if attrs[attr] else 'True'}")
-    if show_urls and url:
-        parts.append(f"url: {url}")
-    tree.lines.append(pad + " ".join(parts))
-    if inline:
-        tree.lines.append(f"{pad}\tStaticText {_quote(inline)}")
-    _walk(children, depth + 1, tree, id_for, show_urls)
+def _bottom(box: str | None, default: float | None) -> float | None:
+    """The bottom edge (viewport-relative y + height) of `x,y,w,h`, or `default`."""
+    try:
+        _, y, _, h = (float(v) for v in (box or "").split(","))
+    except ValueError:
+        return default
+    return y + h
 
 
 def _unescape(name: str) -> str:
@@ -145,21 +169,33 @@ def render(*, tree: Tree, url: str, tabs: list[str], active_tab: int, notes: lis
     head.append(f"URL: {url}")
     text = "\n".join(head) + "\n"
     room = max_chars - len(text)
-    total = sum(len(x) + 1 for x in tree.lines)
+    lines = tree.lines
+    total = sum(len(x) + 1 for x in lines)
     if total <= room:
-        return text + "\n".join(tree.lines)
-    room -= len(_cut_line(len(tree.lines), total, max_chars)) + 1  # the longest the cut line can be
+        return text + "\n".join(lines)
+    # Too long: first leave out what is wholly above the view (scrolled past), then cut at the end.
+    bottoms = tree.bottoms if len(tree.bottoms) == len(lines) else [None] * len(lines)
+    above = sum(1 for b in bottoms if b is not None and b < 0)
+    if above:
+        lines = [x for x, b in zip(lines, bottoms) if b is None or b >= 0]
+        text += f"[… {above} lines above the visible part of the page are not shown: scroll up for them]\n"
+        room = max_chars - len(text)
+        total = sum(len(x) + 1 for x in lines)
+        if total <= room:
+            return text + "\n".join(lines)
+    room -= len(_cut_line(len(lines), total, max_chars)) + 1  # the longest the cut line can be
     kept: list[str] = []
     used = 0
-    for line in tree.lines:
+    for line in lines:
         if used + len(line) + 1 > room:
             break
         kept.append(line)
         used += len(line) + 1
-    cut = tree.lines[len(kept):]
+    cut = lines[len(kept):]
     kept.append(_cut_line(len(cut), sum(len(x) + 1 for x in cut), max_chars))
     return text + "\n".join(kept)
 
 
 def _cut_line(lines: int, chars: int, max_chars: int) -> str:
-    return f"[… {lines} more lines ({chars} characters) of this page are not shown: cut to {max_chars} characters]"
+    return (f"[… {lines} more lines ({chars} characters) of this page are not shown: cut to {max_chars} characters; "
+            f"scroll down for them]")
