@@ -127,9 +127,17 @@ def test_browse_search_sign_in_and_tabs(env, sites):
     obs = env.open(sites.url + "/").observation
     assert "Tab 0 (current): Probe home" in obs and f"URL: {sites.url}/" in obs
     assert "[1] heading 'Probe shop'" in obs and "'Secret'" not in obs  # a hidden element gets no id
+    assert "'Account from the menu'" not in obs
+    obs = env.step(f"hover [{eid(obs, 'Menu')}]").observation  # the menu opens under the mouse
+    assert "'Account from the menu'" in obs
     obs = env.step(f"type [{eid(obs, 'Sort')}] [Name] [0]").observation
     obs = env.step(f"type [{eid(obs, 'Search')}] [shirt]").observation  # Enter submits the form
     assert f"URL: {sites.url}/search?q=shirt&sort=Name" in obs and "'Results for shirt by Name'" in obs
+    obs = env.step("go_back").observation
+    obs = env.step(f"type [{eid(obs, 'Search')}] [hat] [0]").observation
+    assert f"URL: {sites.url}/\n" in obs  # typed, not sent
+    obs = env.step("press [enter]").observation
+    assert "'Results for hat by Name'" in obs or "'Results for hat by Price'" in obs
     obs = env.step("go_back").observation
     assert f"URL: {sites.url}/" in obs
     obs = env.step(f"click [{eid(obs, 'Products')}]").observation

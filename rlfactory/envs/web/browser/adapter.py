@@ -394,8 +394,16 @@ class Tab:
             await self._do(lambda: loc.press("Enter"))
 
     async def press(self, keys: str) -> None:
+        """Press `keys` in the focused element (through its locator, so that a navigation the keys start, such as
+        Enter submitting a form, is waited for as a click's is), or on the page when nothing has focus."""
         combo = "+".join(_KEYS.get(k.strip().lower(), k.strip()) for k in keys.split("+"))
-        await self._do(lambda: self.page.keyboard.press(combo))
+        focused = await self._do(lambda: self.page.evaluate(
+            "() => { const e = document.activeElement; return !!e && e !== document.body && "
+            "e !== document.documentElement; }"))
+        if focused:
+            await self._do(lambda: self.page.locator("*:focus").first.press(combo))
+        else:
+            await self._do(lambda: self.page.keyboard.press(combo))
 
     async def scroll(self, down: bool) -> None:
         await self._do(lambda: self.page.evaluate("d => window.scrollBy(0, d * window.innerHeight * 0.9)",

@@ -52,6 +52,8 @@ def probe_app(outside_url: str) -> Starlette:
 Ask</button> <span id="answer"></span>
 <button disabled>Unavailable</button> <button style="display:none">Secret</button>
 <button id="target" onclick="this.textContent = 'Target clicked'">Target</button>
+<style>.sub {{ display: none; }} .menu:hover .sub {{ display: block; }}</style>
+<div class="menu">Menu<div class="sub"><a href="/account">Account from the menu</a></div></div>
 <div style="height:3000px">Tall section</div><p>Footer text</p>""")
 
     async def products(request: Request) -> Response:
