@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,8 +30,11 @@ INSTALL = Path(os.environ.get("RLFACTORY_PLAYWRIGHT_MCP_DIR", Path(sys.prefix) /
 
 def _installed() -> str | None:
     """Why the server cannot run here, or None."""
-    if shutil.which("npx") is None:
+    if shutil.which("npx") is None or shutil.which("node") is None:
         return "npx is not installed (apt-get install nodejs npm)"
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if not re.fullmatch(r"v(\d+)\..*", node) or int(node[1:].split(".")[0]) < 20:
+        return f"@playwright/mcp needs Node.js 20 or later; this node is {node or 'unknown'}"
     if not os.path.exists("/usr/bin/chromium"):
         return "Debian's chromium is not installed (apt-get install chromium)"
     pkg = INSTALL / "node_modules" / "@playwright" / "mcp" / "package.json"
