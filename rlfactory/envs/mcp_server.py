@@ -145,6 +145,8 @@ class EnvServer:
         self._stop_lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._stopped_count = 0
+        self.start_call = "reset(task_id)"
+        """The call that opens an episode, as the answer to a call on none names it."""
         self.on_shutdown: list[Callable[[], Any]] = []
         """Run after the episodes are closed on the way out (e.g. the AgentGym bridge closes its sentinels)."""
 
@@ -179,7 +181,7 @@ class EnvServer:
         except RuntimeError as e:  # the registry is drained: the server is on its way out
             return error_result(ServerStopping(str(e)))
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, self.start_call)
         with ep.lock:
             if create:
                 ep.steps = 0
@@ -202,7 +204,7 @@ class EnvServer:
         into_key = self.keys.key(into, None)
         ep = self.registry.get(key)
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, self.start_call)
         with ep.lock:
             try:
                 env = ep.env.fork()
@@ -298,7 +300,7 @@ def build_env_server(
     make_env: Callable[[], Env],
     *,
     instructions: str,
-    reset_doc: str,
+    reset_doc: str | None,
     step_doc: str | None,
     max_episodes: int = 256,
     idle_timeout_s: float = 900.0,
@@ -306,8 +308,8 @@ def build_env_server(
     health: Callable[[], tuple[bool, str]] | None = None,
     forkable: bool = False,
 ) -> EnvServer:
-    """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`step_doc=None`: no
-    generic `step` tool; the caller adds its own action tools with `EnvServer.add_tool`). `inline`: run the tools
+    """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`reset_doc=None` /
+    `step_doc=None`: no generic `reset` / `step` tool; the caller adds its own with `EnvServer.add_tool`). `inline`: run the tools
     on the event loop (fast pure-Python envs) instead of worker threads (envs that block: a JVM, HTTP).
     `health() -> (ok, detail)`: whether what the server fronts is usable, published as `rlfactory://health`."""
     es = EnvServer(name, make_env, instructions=instructions, max_episodes=max_episodes,
@@ -330,7 +332,7 @@ def build_env_server(
         key = es.keys.key(episode_id, ctx)
         ep = es.registry.get(key)
         if ep is None:
-            return no_episode(key)
+            return no_episode(key, es.start_call)
         with ep.lock:
             try:
                 text, picture = ep.env.observe(), env_picture(ep.env)
@@ -347,7 +349,8 @@ def build_env_server(
                               structured_content={"closed": closed, "done": True,
                                                   "episode_id": key.split(":", 1)[1]})
 
-    es.add_tool(reset, reset_doc)
+    if reset_doc is not None:
+        es.add_tool(reset, reset_doc)
     if step_doc is not None:
         es.add_tool(step, step_doc)
     es.add_tool(observe, "Show the current observation again without acting.")

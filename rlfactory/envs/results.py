@@ -32,9 +32,9 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: st
     return CallToolResult(content=content, structured_content=structured)
 
 
-def no_episode(key: str) -> CallToolResult:
-    """The answer to a call on an episode that is not open."""
-    return tool_result(StepResult(observation="No episode is open: call reset(task_id) first."), None, key)
+def no_episode(key: str, start: str = "reset(task_id)") -> CallToolResult:
+    """The answer to a call on an episode that is not open (`start`: the call that opens one)."""
+    return tool_result(StepResult(observation=f"No episode is open: call {start} first."), None, key)
 
 
 def env_state(env: Any) -> str | None:

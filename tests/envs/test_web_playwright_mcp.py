@@ -1,0 +1,107 @@
+"""The official Playwright MCP server (`npx @playwright/mcp@0.0.86`), unchanged, as listed in
+mcp_configs/web_playwright.json, driven through rlfactory's tool layer (ToolManager over the MCP client adapter) against
+the real probe site: its tools listed, navigate, snapshot, click, and another origin refused with --allowed-origins;
+and the same server contained for real by our origin proxy (`--proxy-server`), which also stops a redirect out.
+
+Never downloads: the package is installed by `make install` / .ci/run into `<venv>/playwright-mcp` (or the folder
+RLFACTORY_PLAYWRIGHT_MCP_DIR names); npx runs there with npm offline, so it uses that copy or fails.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlfactory.tools.manager import ToolManager
+from rlfactory.tools.mcp_configs import load_mcp_config
+from rlfactory.tools.types import ToolCall
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION = "0.0.86"
+INSTALL = Path(os.environ.get("RLFACTORY_PLAYWRIGHT_MCP_DIR", Path(sys.prefix) / "playwright-mcp"))
+
+
+def _installed() -> str | None:
+    """Why the server cannot run here, or None."""
+    if shutil.which("npx") is None or shutil.which("node") is None:
+        return "npx is not installed (apt-get install nodejs npm)"
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if not re.fullmatch(r"v(\d+)\..*", node) or int(node[1:].split(".")[0]) < 20:
+        return f"@playwright/mcp needs Node.js 20 or later; this node is {node or 'unknown'}"
+    if not os.path.exists("/usr/bin/chromium"):
+        return "Debian's chromium is not installed (apt-get install chromium)"
+    pkg = INSTALL / "node_modules" / "@playwright" / "mcp" / "package.json"
+    if not pkg.is_file() or json.loads(pkg.read_text()).get("version") != VERSION:
+        return (f"@playwright/mcp@{VERSION} is not installed in {INSTALL} (make install does it: npm install --prefix "
+                f"{INSTALL} @playwright/mcp@{VERSION})")
+    return None
+
+
+pytestmark = pytest.mark.skipif(_installed() is not None, reason=str(_installed()))
+
+
+@pytest.fixture(scope="module")
+def sites():
+    from rlfactory.envs.web.browser.probe_site import ProbeSites
+
+    with ProbeSites() as s:
+        yield s
+
+
+def ref_of(snapshot: str, role: str, name: str) -> str:
+    m = re.search(re.escape(f'{role} "{name}"') + r".*?\[ref=(\w+)\]", snapshot)
+    assert m, f"no {role} {name!r} in:\n{snapshot}"
+    return m.group(1)
+
+
+async def test_official_playwright_mcp_through_our_tool_layer(sites, tmp_path):
+    cfg = load_mcp_config(REPO / "mcp_configs" / "web_playwright.json")["playwright"]
+    assert cfg.args[0] == f"@playwright/mcp@{VERSION}" and "--isolated" in cfg.args and "--headless" in cfg.args
+    # The shipped entry, run where the package is installed and offline; its origin rule and output folder added.
+    cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
+                              args=(*cfg.args, "--allowed-origins", sites.url, "--output-dir", str(tmp_path)))
+    async with ToolManager({"playwright": cfg}) as tm:
+        names = {s.name for s in tm.specs}
+        assert {"browser_navigate", "browser_snapshot", "browser_click", "browser_type", "browser_tabs"} <= names
+        r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/"}))
+        assert not r.is_error and "Page Title: Probe home" in r.text, r.text
+        snap = (await tm.call(ToolCall(name="browser_snapshot", arguments={}))).text
+        assert 'heading "Probe shop"' in snap
+        ref = ref_of(snap, "link", "Products")
+        r = await tm.call(ToolCall(name="browser_click", arguments={"element": "Products link", "target": ref}))
+        assert not r.is_error, r.text
+        snap = (await tm.call(ToolCall(name="browser_snapshot", arguments={}))).text
+        assert f"Page URL: {sites.url}/products" in snap and 'link "Green hat"' in snap
+        r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.outside_url + "/"}))
+        assert r.is_error and "ERR_BLOCKED_BY_CLIENT" in r.text
+    assert sites.outside_hits == []
+
+
+async def test_official_playwright_mcp_contained_by_our_proxy(sites, tmp_path):
+    """--allowed-origins does not see redirects (Playwright says so); a browser behind our origin proxy is refused
+    at every hop: the probe site's two-hop redirect out never reaches the outside site."""
+    from rlfactory.envs.web.browser.policy import OriginPolicy
+    from rlfactory.envs.web.browser.proxy import OriginProxy
+
+    notes: list[str] = []
+    proxy = await OriginProxy(OriginPolicy.of([sites.url]), notes.append).start()
+    cfg = load_mcp_config(REPO / "mcp_configs" / "web_playwright.json")["playwright"]
+    cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
+                              args=(*cfg.args, "--proxy-server", proxy.url, "--output-dir", str(tmp_path)))
+    try:
+        async with ToolManager({"playwright": cfg}) as tm:
+            r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/hop"}))
+            assert "HTTP status: 403" in r.text, r.text
+            r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/products"}))
+            assert not r.is_error and "Page Title: Products" in r.text
+    finally:
+        await proxy.close()
+    assert any(sites.outside_url + "/from-redirect is outside" in n for n in notes), notes
+    assert sites.outside_hits == [] and proxy.forwarded >= 3
