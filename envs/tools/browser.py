@@ -28,7 +28,8 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ImageContent
 from pydantic import Field
 
-from rlfactory.envs.mcp_server import EpisodeId, build_env_server, error_result, no_episode, server_args
+from rlfactory.envs.mcp_server import EpisodeId, build_env_server, server_args
+from rlfactory.envs.results import error_result, no_episode
 from rlfactory.envs.types import EnvError
 from rlfactory.envs.web.browser.adapter import CHROMIUM, BrowserSettings
 from rlfactory.envs.web.browser.host import BrowserEnv, BrowserHost
