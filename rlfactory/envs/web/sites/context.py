@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from typing import Iterator
+from collections.abc import Iterator
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request

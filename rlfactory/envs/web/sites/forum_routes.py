@@ -107,7 +107,7 @@ def _comment_tree(root: str, comments: list, parent=None) -> str:
                                                                     field_id=f"reply-{c['id']}"),
                        f"Post reply to {c['username']}", hidden={"parent": c["id"]}, label=f"Reply to {c['username']}")
         items.append(f"<li><article><p>{user_link(root, c['username'])} on "
-                     f"{c['created_at']}</p><p>{h.esc(c['body'])}</p><details><summary>Reply</summary>{reply}"
+                     f"{c['created_at']}</p><div class=\"comment__body\"><p>{h.esc(c['body'])}</p></div><details><summary>Reply</summary>{reply}"
                      f"</details>{_comment_tree(root, comments, c['id'])}</article></li>")
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
@@ -128,9 +128,12 @@ def post(request: Request) -> HTMLResponse:
     edit = h.link(f"{root}/post/{pid}/edit", "Edit") if p["user_id"] == ME else ""
     edited = f" (edited {p['edited_at']})" if p["edited_at"] else ""
     author = h.link(f"{root}/user/{p['username']}", p["username"])
-    body = (f"<article><h1>{h.esc(p['title'])}</h1><p>Submitted by {author} in "
+    # Postmill's class names, so locators written for WebArena's reddit find the same parts here.
+    body = (f"<article class=\"submission__inner\"><h1 class=\"submission__title\">{h.esc(p['title'])}</h1>"
+            f"<p>Submitted by {author} in "
             f"{forum_link(root, p)} on {p['created_at']}{edited}</p>"
-            f"<p>Score: {p['score']}</p><p>{voted}</p>{votes}<p>{h.esc(p['body'])}</p>{edit}</article>"
+            f"<p>Score: {p['score']}</p><p>{voted}</p>{votes}<div class=\"submission__body\"><p>{h.esc(p['body'])}</p>"
+            f"</div>{edit}</article>"
             f"<section aria-label=\"Comments\"><h2>{p['n_comments']} comments</h2>"
             + h.form(f"{root}/comment/{pid}", h.textarea("body", "Comment"), "Post comment", label="Comment")
             + _comment_tree(root, comments) + "</section>")

@@ -116,7 +116,7 @@ class WebSites:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "WebSites":
+    def __enter__(self) -> WebSites:  # noqa: PYI034 - a final class: Self buys nothing
         self.start()
         return self
 

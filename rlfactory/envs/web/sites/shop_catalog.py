@@ -14,7 +14,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 from rlfactory.envs.web.sites import html as h
-from rlfactory.envs.web.sites.context import base, bad, episode_db, int_param, see_other, text_param
+from rlfactory.envs.web.sites.context import bad, base, episode_db, int_param, see_other, text_param
 from rlfactory.envs.web.sites.shop_data import COLOURS, money, refresh_ratings
 
 SITE = "Corner Shop"
@@ -171,7 +171,7 @@ def search(request: Request) -> HTMLResponse:
     if len(q) > 200:
         raise bad("The search text is too long (at most 200 characters).")
     words = q.split()
-    scope = ([f"(p.name LIKE ? ESCAPE '\\')" for _ in words],
+    scope = (["(p.name LIKE ? ESCAPE '\\')" for _ in words],
              ["%" + w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for w in words])
     with episode_db(request, "shop") as db:
         body = _listing(request, db, f"Search results for: '{q}'", scope,

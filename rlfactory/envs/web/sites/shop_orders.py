@@ -156,8 +156,9 @@ def order_view(request: Request) -> HTMLResponse:
                    f"<td>{h.esc(i['size'])}</td><td>{i['qty']}</td><td>{money(i['price_cents'])}</td></tr>"
                    for i in items)
     body = (f"<h1>Order #{oid}</h1><p>Status: {h.esc(o['status'])}</p><p>Order date: {o['created_at']}</p>"
-            f"<table><thead><tr><th>Product</th><th>Colour</th><th>Size</th><th>Qty</th><th>Price</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table><p>Grand total: {money(o['total_cents'])}</p>"
+            f"<div class=\"order-details-items ordered\"><table><thead><tr><th>Product</th><th>Colour</th>"
+            f"<th>Size</th><th>Qty</th><th>Price</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<p>Grand total: {money(o['total_cents'])}</p></div>"
             f"<h2>Shipping address</h2><address>{h.esc(o['ship_name'])}<br>{h.esc(o['street'])}<br>"
             f"{h.esc(o['city'])} {h.esc(o['zip'])}<br>{h.esc(o['country'])}</address>")
     return shop_page(request, f"Order #{oid}", body)
@@ -177,10 +178,13 @@ async def account(request: Request):
         fields = "".join(h.textbox(key, label, c[key]) for key, label in ACCOUNT_FIELDS)
         return shop_page(request, "Edit Account Information", "<h1>Edit Account Information</h1>"
                          + h.form(f"{root}/customer/account/edit/", fields, "Save", label="Account information"))
-    body = (f"<h1>My Account</h1><h2>Contact Information</h2><p>{h.esc(c['first_name'])} {h.esc(c['last_name'])}"
-            f"</p><p>Email: {h.esc(c['email'])}</p><p>Phone: {h.esc(c['phone'])}</p><h2>Default Shipping Address</h2>"
+    # Magento's class names, so locators written for WebArena's shop find the same parts here.
+    body = (f"<h1>My Account</h1><div class=\"box box-information\"><h2>Contact Information</h2>"
+            f"<div class=\"box-content\"><p>{h.esc(c['first_name'])} {h.esc(c['last_name'])}</p>"
+            f"<p>Email: {h.esc(c['email'])}</p><p>Phone: {h.esc(c['phone'])}</p></div></div>"
+            f"<div class=\"box box-address-shipping\"><h2>Default Shipping Address</h2><div class=\"box-content\">"
             f"<address>{h.esc(c['street'])}<br>{h.esc(c['city'])} {h.esc(c['zip'])}<br>{h.esc(c['country'])}"
-            f"</address><p>{h.link(f'{root}/customer/account/edit/', 'Edit Account Information')}</p>")
+            f"</address></div></div><p>{h.link(f'{root}/customer/account/edit/', 'Edit Account Information')}</p>")
     return shop_page(request, "My Account", body)
 
 

@@ -12,8 +12,8 @@ import hashlib
 import json
 import random
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from rlfactory.envs.web.sites.store import seed_database
 from rlfactory.envs.web.tasks import forum_tasks, shop_tasks

@@ -26,8 +26,8 @@ import re
 import sqlite3
 import urllib.parse
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import lxml.html
 

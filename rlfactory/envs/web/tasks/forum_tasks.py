@@ -10,8 +10,19 @@ import sqlite3
 from rlfactory.envs.web.sites.forum_data import FORUMS, ME
 from rlfactory.envs.web.sites.forum_routes import POSTS
 from rlfactory.envs.web.sites.shop_data import slugify
-from rlfactory.envs.web.tasks.template import (SEARCH, Instance, Template, check, click, includes, page_has, pick,
-                                               stop, type_, url_is)
+from rlfactory.envs.web.tasks.template import (
+    SEARCH,
+    Instance,
+    Template,
+    check,
+    click,
+    includes,
+    page_has,
+    pick,
+    stop,
+    type_,
+    url_is,
+)
 
 R = "reddit"
 OPEN = SEARCH + [click("link", "{title}")]

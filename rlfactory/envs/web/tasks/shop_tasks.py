@@ -11,8 +11,20 @@ from urllib.parse import urlencode
 
 from rlfactory.envs.web.sites.shop_catalog import PRICE_BUCKETS, price_label
 from rlfactory.envs.web.sites.shop_data import money
-from rlfactory.envs.web.tasks.template import (SEARCH, Instance, Template, check, click, exact, includes, page_has,
-                                               pick, stop, type_, url_is)
+from rlfactory.envs.web.tasks.template import (
+    SEARCH,
+    Instance,
+    Template,
+    check,
+    click,
+    exact,
+    includes,
+    page_has,
+    pick,
+    stop,
+    type_,
+    url_is,
+)
 
 S = "shopping"
 OPEN = SEARCH + [click("link", "{product}")]
@@ -133,10 +145,13 @@ def url_colour_desc(db, rng):
 
 
 def url_search_rating(db, rng):
-    out = []
+    out, seen = [], set()
     for p in pick(rng, _products(db), 60):
         query = f"{p['name'].split()[0]} {p['name'].split()[-1]}"
         stars = rng.choice([3, 4])
+        if (query, stars) in seen:
+            continue
+        seen.add((query, stars))
         n = sum(q["rating"] >= stars and all(w.lower() in q["name"].lower() for w in query.split())
                 for q in _products(db))
         if n:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 MAX_INSTANCES = 30
 
