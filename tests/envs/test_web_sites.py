@@ -150,3 +150,32 @@ def test_unknown_or_malformed_episodes_are_404(sites, client):
     for path in ("/e/never-opened/shop/", "/e/bad%20id/forum/", "/e/x/unknown-site/", "/nothing"):
         r = client.get(sites.origin + path)
         assert r.status_code == 404 and "Traceback" not in r.text
+
+
+def test_forks_taken_while_the_server_writes_are_consistent_snapshots(sites):
+    import threading
+
+    sites.open_episode("busy")
+    stop = threading.Event()
+
+    def write() -> None:
+        with httpx.Client(timeout=30.0) as c:
+            while not stop.is_set():
+                c.post(f"{sites.base_urls('busy')['forum']}/comment/1", data={"body": "busy"})
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    counts = []
+    try:
+        for i in range(8):
+            sites.fork_episode("busy", f"snap{i}")
+            conn = sites.database(f"snap{i}", "forum")
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            counts.append(conn.execute("SELECT COUNT(*) FROM comments WHERE post_id=1").fetchone()[0])
+            conn.close()
+    finally:
+        stop.set()
+        writer.join()
+        for episode in ["busy"] + [f"snap{i}" for i in range(8)]:
+            sites.close_episode(episode)
+    assert counts == sorted(counts) and counts[-1] > counts[0]  # each a later snapshot of a growing thread

