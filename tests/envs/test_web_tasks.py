@@ -11,7 +11,15 @@ import httpx
 import pytest
 
 from rlfactory.envs.web.sites.server import WebSites
-from rlfactory.envs.web.tasks.build import HELD_OUT_TEMPLATES, SITE_DB, TEMPLATES, build_tasks, plan_steps, write_tasks
+from rlfactory.envs.web.tasks.build import (
+    HELD_OUT_TEMPLATES,
+    SITE_DB,
+    TEMPLATES,
+    build_tasks,
+    plan_steps,
+    webarena_action,
+    write_tasks,
+)
 from rlfactory.envs.web.tasks.evaluator import (
     Evaluator,
     JudgeRequired,
@@ -79,6 +87,12 @@ def test_plans_are_steps_on_named_elements(tasks):
         for step in steps[:-1]:
             assert step["action"] in ("click", "type") and step["role"] in roles and step["name"], (config, step)
             assert "{" not in step["name"] and "{" not in step.get("text", "")
+    search = next(s for s in plan_steps(tasks[0]) if s["action"] == "type")
+    assert webarena_action(search, 7) == f"type [7] [{tasks[0]['instantiation_dict']['product']}] [1]"
+    assert webarena_action({"action": "click", "role": "link", "name": "x"}, 3) == "click [3]"
+    assert webarena_action(list(plan_steps(tasks[0]))[-1]) == f"stop [{tasks[0]['demo']['answer']}]"
+    with pytest.raises(ValueError, match="needs the id"):
+        webarena_action(search)
 
 
 def test_every_train_and_held_out_task_is_solved_by_its_plan(sites, tasks):

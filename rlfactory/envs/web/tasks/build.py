@@ -87,3 +87,35 @@ def plan_steps(config: dict) -> Iterator[dict]:
         if "name" in filled and not filled["name"]:
             continue
         yield filled
+
+
+def webarena_action(step: dict, element_id: int | str | None = None) -> str:
+    """A plan step as WebArena's action text, once the browser has resolved its element's id (`click [12]`,
+    `type [7] [red shirt] [1]`, `goto [url]`, `stop [answer]`)."""
+    action = step["action"]
+    if action == "stop":
+        return f"stop [{step.get('answer', '')}]"
+    if action == "goto":
+        return f"goto [{step['url']}]"
+    if element_id is None:
+        raise ValueError(f"plan step {step!r} needs the id of its element ({step.get('role')} {step.get('name')!r})")
+    if action == "click":
+        return f"click [{element_id}]"
+    if action == "type":
+        return f"type [{element_id}] [{step['text']}] [{int(bool(step.get('press_enter')))}]"
+    raise ValueError(f"plan step {step!r}: unknown action {action!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the web tasks as WebArena config files.")
+    parser.add_argument("--out", required=True, type=Path, help="folder for <split>.raw.json and <split>/<id>.json")
+    parser.add_argument("--seed", type=int, default=0, help="content seed of the sites")
+    args = parser.parse_args(argv)
+    counts = write_tasks(args.out, args.seed)
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
