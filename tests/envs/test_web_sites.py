@@ -53,6 +53,10 @@ def test_server_listens_on_its_own_port_and_serves_both_sites(sites, client):
         assert str(home.url).endswith("/e/port-check/shop/")
         forum = client.get(f"{urls['forum']}/forums")
         assert forum.status_code == 200 and "All forums" in forum.text and "Gardening" in forum.text
+        wiki = client.get(f"{urls['wiki']}/wiki/Varnholt")  # the shipped Deep Search corpus, articles linked
+        assert wiki.status_code == 200 and '/e/port-check/wiki/wiki/Odile_Marchetti">Odile Marchetti</a>' in wiki.text
+        found = client.get(f"{urls['wiki']}/search", params={"q": "lighthouse"})
+        assert ">Varnholt</a>" in found.text
     finally:
         sites.close_episode("port-check")
 
@@ -134,6 +138,8 @@ def test_same_seed_same_database_other_seed_other_content(tmp_path):
     ("POST", "/forum/vote/1", {"value": "7"}, 400),
     ("POST", "/forum/post/2/edit", {"title": "not mine"}, 403),
     ("GET", "/forum/search?q=" + "x" * 300, None, 400),
+    ("GET", "/wiki/wiki/No_such_article", None, 404),
+    ("POST", "/wiki/search", {"q": "x"}, 405),
 ])
 def test_bad_requests_get_4xx_pages(sites, client, method, path, data, status):
     urls = sites.open_episode("bad")

@@ -58,6 +58,7 @@ def _evaluator(sites: WebSites, episode: str, client: httpx.AsyncClient, **kw) -
 
 def test_task_set_size_split_and_webarena_shape(tasks, cache, tmp_path):
     assert len(TEMPLATES) >= 30 and len(tasks) >= 800
+    assert {t["sites"][0] for t in tasks} == {"shopping", "reddit", "wikipedia"}
     assert tasks == build_tasks(0, cache)  # deterministic
     train = [t for t in tasks if t["split"] == "train"]
     held = [t for t in tasks if t["split"] == "heldout"]
@@ -75,7 +76,7 @@ def test_task_set_size_split_and_webarena_shape(tasks, cache, tmp_path):
     one = json.loads((tmp_path / "heldout" / f"{held[0]['task_id']}.json").read_text())
     for config in raw + [one]:
         assert WEBARENA_KEYS <= set(config)
-        assert config["start_url"].startswith(("__SHOPPING__", "__REDDIT__"))
+        assert config["start_url"].startswith(("__SHOPPING__", "__REDDIT__", "__WIKIPEDIA__"))
         assert set(config["eval"]["eval_types"]) <= {"string_match", "url_match", "program_html"}
 
 

@@ -1,4 +1,4 @@
-"""The ASGI application serving every episode of both sites: `/e/<episode>/shop/...` and `/e/<episode>/forum/...`.
+"""The ASGI application serving every episode of every site: `/e/<episode>/shop/...`, `.../forum/...`, `.../wiki/...`.
 
 Errors are pages, never tracebacks: an unknown path, episode, product or post is a 404 page, a parameter or form
 that does not parse a 400 page, a wrong method a 405 page; an unexpected exception is logged and answered with a
@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
-from rlfactory.envs.web.sites import forum_routes, shop_catalog, shop_orders
+from rlfactory.envs.web.sites import forum_routes, shop_catalog, shop_orders, wiki
 from rlfactory.envs.web.sites.html import error_page
 from rlfactory.envs.web.sites.store import EpisodeStore
 
 logger = logging.getLogger(__name__)
 
-_HOME = re.compile(r"^(/e/[A-Za-z0-9_-]{1,64}/(?:shop|forum))(?:/|$)")
+_HOME = re.compile(r"^(/e/[A-Za-z0-9_-]{1,64}/(?:shop|forum|wiki))(?:/|$)")
 
 
 def _home(request: Request) -> str | None:
@@ -51,6 +51,7 @@ def build_app(store: EpisodeStore) -> Starlette:
         Route("/health", health),
         Mount("/e/{episode}/shop", routes=shop_catalog.ROUTES + shop_orders.ROUTES),
         Mount("/e/{episode}/forum", routes=forum_routes.ROUTES),
+        Mount("/e/{episode}/wiki", routes=wiki.ROUTES),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.store = store

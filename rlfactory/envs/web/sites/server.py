@@ -1,11 +1,11 @@
 """`WebSites`: the Python API the web environment uses: start the site server, open / fork / close episodes, read an
 episode's databases for evaluation, stop.
 
-The server is one uvicorn process (`python -m rlfactory.envs.web.sites.server`) serving every episode of both
-sites on one 127.0.0.1 port that this process binds and hands over as a file descriptor (no port race). Episode
+The server is one uvicorn process (`python -m rlfactory.envs.web.sites.server`) serving every episode of every
+site on one 127.0.0.1 port that this process binds and hands over as a file descriptor (no port race). Episode
 state is files under `root` (see store.py), so opening, forking and closing happen here without talking to the
-server. An episode's base URLs are `http://127.0.0.1:<port>/e/<episode>/shop` and `.../forum`; a browser confined to
-`http://127.0.0.1:<port>/e/<episode>/` sees its own episode and nothing else.
+server. An episode's base URLs are `http://127.0.0.1:<port>/e/<episode>/shop`, `.../forum` and `.../wiki`; a browser
+confined to `http://127.0.0.1:<port>/e/<episode>/` sees its own episode and nothing else.
 Left out: several server processes behind one port (one process serves ~hundreds of requests per second).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rlfactory.envs.web.sites.store import SITES, EpisodeStore, connect, seed_da
 logger = logging.getLogger(__name__)
 
 # WebArena's placeholders for the sites we stand in for (its configs say `__SHOPPING__/...`, `__REDDIT__/...`).
-PLACEHOLDERS = {"__SHOPPING__": "shop", "__REDDIT__": "forum"}
+PLACEHOLDERS = {"__SHOPPING__": "shop", "__REDDIT__": "forum", "__WIKIPEDIA__": "wiki"}
 
 
 class WebSites:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from rlfactory.envs.web.sites.app import build_app
 
-    parser = argparse.ArgumentParser(description="Serve the web environment's sites (shop, forum) for all episodes.")
+    parser = argparse.ArgumentParser(description="Serve the web environment's sites (shop, forum, wiki) for all episodes.")
     parser.add_argument("--root", required=True, help="folder of the episodes' databases")
     parser.add_argument("--seed", type=int, default=0, help="content seed of newly opened episodes")
     parser.add_argument("--cache", default=None, help="folder of the seed databases")

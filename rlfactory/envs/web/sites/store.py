@@ -17,12 +17,12 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from rlfactory.envs.web.sites import forum_data, shop_data
+from rlfactory.envs.web.sites import forum_data, shop_data, wiki_data
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-SITES = {"shop": shop_data.populate, "forum": forum_data.populate}
+SCHEMA_VERSION = 2
+SITES = {"shop": shop_data.populate, "forum": forum_data.populate, "wiki": wiki_data.populate}
 EPISODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -78,7 +78,7 @@ def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
 
 
 class EpisodeStore:
-    """The episodes' database files under `root` for content `seed` (both sites per episode)."""
+    """The episodes' database files under `root` for content `seed` (every site per episode)."""
 
     def __init__(self, root: Path, seed: int = 0, cache: Path | None = None):
         self.root = Path(root)

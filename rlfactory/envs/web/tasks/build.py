@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlfactory.envs.web.sites.store import seed_database
-from rlfactory.envs.web.tasks import forum_tasks, shop_tasks
+from rlfactory.envs.web.tasks import forum_tasks, shop_tasks, wiki_tasks
 from rlfactory.envs.web.tasks.template import Template
 
-TEMPLATES: dict[int, Template] = {t.id: t for t in shop_tasks.TEMPLATES + forum_tasks.TEMPLATES}
+TEMPLATES: dict[int, Template] = {t.id: t for t in shop_tasks.TEMPLATES + forum_tasks.TEMPLATES + wiki_tasks.TEMPLATES}
 HELD_OUT_TEMPLATES = {8, 15, 111, 113}  # top-rated-in-size, buy-and-ship-to, edit a title, a user's post count
 HELD_OUT_PERCENT = 15
-SITE_DB = {"shopping": "shop", "reddit": "forum"}
-START = {"shopping": "__SHOPPING__", "reddit": "__REDDIT__"}
+SITE_DB = {"shopping": "shop", "reddit": "forum", "wikipedia": "wiki"}
+START = {"shopping": "__SHOPPING__", "reddit": "__REDDIT__", "wikipedia": "__WIKIPEDIA__"}
 
 
 def _held_out(template: Template, values: dict) -> bool:
