@@ -13,7 +13,6 @@ import pytest
 from rlfactory.envs.web.sites.server import WebSites
 from rlfactory.envs.web.tasks.build import (
     HELD_OUT_TEMPLATES,
-    SITE_DB,
     TEMPLATES,
     build_tasks,
     plan_steps,
@@ -28,7 +27,7 @@ from rlfactory.envs.web.tasks.evaluator import (
     must_include,
     url_match,
 )
-from rlfactory.envs.web.tasks.http_solver import run_task, solve
+from rlfactory.envs.web.tasks.http_solver import episode_evaluator, run_task, solve
 
 WEBARENA_KEYS = {"sites", "task_id", "require_login", "storage_state", "start_url", "geolocation", "intent_template",
                  "instantiation_dict", "intent", "require_reset", "eval", "intent_template_id"}
@@ -48,12 +47,6 @@ def tasks(cache):
 def sites(cache):
     with WebSites(cache=cache) as running:
         yield running
-
-
-def _evaluator(sites: WebSites, episode: str, client: httpx.AsyncClient, **kw) -> Evaluator:
-    async def fetch(url: str) -> str:
-        return (await client.get(url, follow_redirects=True)).text
-    return Evaluator(sites.placeholders(episode), fetch, lambda site: sites.database(episode, SITE_DB[site]), **kw)
 
 
 def test_task_set_size_split_and_webarena_shape(tasks, cache, tmp_path):
@@ -118,7 +111,7 @@ async def test_string_match_right_and_wrong(sites):
     sites.open_episode("sm")
     try:
         async with httpx.AsyncClient() as client:
-            ev = _evaluator(sites, "sm", client)
+            ev = episode_evaluator(sites, "sm", client)
             assert (await ev(config, '"aurora classic shirt"', "")).score == 1.0
             assert (await ev(config, "Aurora Classic Shirts", "")).score == 0.0
             config["eval"]["reference_answers"] = {"must_include": ["$12.50", "red"]}
@@ -166,7 +159,7 @@ async def test_webarena_style_configs_on_our_sites(sites):
     urls = sites.open_episode(episode)
     try:
         async with httpx.AsyncClient(timeout=30.0, follow_redirects=True) as client:
-            ev = _evaluator(sites, episode, client)
+            ev = episode_evaluator(sites, episode, client)
             post = {"sites": ["reddit"], "task_id": 9001, "start_url": "__REDDIT__", "intent": "Post in books",
                     "eval": {"eval_types": ["program_html"], "reference_answers": None, "reference_url": "",
                              "program_html": [{"url": "func:reddit_get_post_url('__last_url__')",
@@ -227,7 +220,7 @@ async def test_db_state_right_and_wrong_after_a_real_episode(sites, tasks):
         sites.open_episode("dbw")
         try:
             answer, final_url = await solve(vote, client, sites.placeholders("dbw"))
-            result = await _evaluator(sites, "dbw", client)(downvote, answer, final_url)
+            result = await episode_evaluator(sites, "dbw", client)(downvote, answer, final_url)
             assert result.parts["db_state"] == 0.0 and result.score == 0.0
         finally:
             sites.close_episode("dbw")

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 # WebArena's placeholders for the sites we stand in for (its configs say `__SHOPPING__/...`, `__REDDIT__/...`).
 PLACEHOLDERS = {"__SHOPPING__": "shop", "__REDDIT__": "forum", "__WIKIPEDIA__": "wiki"}
+# WebArena's site names (a config's `sites`, an `eval.db_state` check's `site`) for ours.
+WEBARENA_SITES = {"shopping": "shop", "reddit": "forum", "wikipedia": "wiki"}
 
 
 class WebSites:
@@ -101,8 +103,9 @@ class WebSites:
         self.store.close(episode)
 
     def database(self, episode: str, site: str) -> sqlite3.Connection:
-        """A read-only connection to an episode's database (the caller closes it)."""
-        return connect(self.store.path(episode, site), readonly=True)
+        """A read-only connection to an episode's database (the caller closes it); `site` is ours ("shop") or
+        WebArena's name for it ("shopping")."""
+        return connect(self.store.path(episode, WEBARENA_SITES.get(site, site)), readonly=True)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -15,14 +15,15 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlfactory.envs.web.sites.server import WEBARENA_SITES
 from rlfactory.envs.web.sites.store import seed_database
 from rlfactory.envs.web.tasks import forum_tasks, shop_tasks, wiki_tasks
 from rlfactory.envs.web.tasks.template import Template
 
-TEMPLATES: dict[int, Template] = {t.id: t for t in shop_tasks.TEMPLATES + forum_tasks.TEMPLATES + wiki_tasks.TEMPLATES}
+TEMPLATES: dict[int, Template] = {t.id: t for t in shop_tasks.TEMPLATES + forum_tasks.TEMPLATES
+                                  + wiki_tasks.TEMPLATES}
 HELD_OUT_TEMPLATES = {8, 15, 111, 113}  # top-rated-in-size, buy-and-ship-to, edit a title, a user's post count
 HELD_OUT_PERCENT = 15
-SITE_DB = {"shopping": "shop", "reddit": "forum", "wikipedia": "wiki"}
 START = {"shopping": "__SHOPPING__", "reddit": "__REDDIT__", "wikipedia": "__WIKIPEDIA__"}
 
 
@@ -36,7 +37,7 @@ def _held_out(template: Template, values: dict) -> bool:
 def build_tasks(seed: int = 0, cache: Path | None = None) -> list[dict]:
     """All task configs drawn from the content of `seed` (deterministic: same seed, same list)."""
     conns = {site: sqlite3.connect(f"file:{seed_database(db, seed, cache)}?mode=ro", uri=True)
-             for site, db in SITE_DB.items()}
+             for site, db in WEBARENA_SITES.items()}
     for conn in conns.values():
         conn.row_factory = sqlite3.Row
     configs: list[dict] = []

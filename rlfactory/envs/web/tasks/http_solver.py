@@ -13,8 +13,8 @@ from urllib.parse import urlencode, urljoin
 import httpx
 import lxml.html
 
-from rlfactory.envs.web.tasks.build import SITE_DB, plan_steps
-from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill
+from rlfactory.envs.web.tasks.build import plan_steps
+from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, Judge, fill
 
 _INPUT_ROLES = {"textbox": ("text", "email", "tel", "url", ""), "searchbox": ("search",), "spinbutton": ("number",),
                 "radio": ("radio",), "checkbox": ("checkbox",)}
@@ -115,19 +115,20 @@ async def solve(config: dict, client: httpx.AsyncClient, urls: dict[str, str]) -
     return answer, agent.url
 
 
+def episode_evaluator(sites, episode: str, client: httpx.AsyncClient, judge: Judge | None = None) -> Evaluator:
+    """The evaluator of one open episode of `sites` (a WebSites): its URLs, its pages over `client`, its databases."""
+    async def fetch(url: str) -> str:
+        return (await client.get(url, follow_redirects=True)).text
+
+    return Evaluator(sites.placeholders(episode), fetch, lambda site: sites.database(episode, site), judge)
+
+
 async def run_task(sites, config: dict, client: httpx.AsyncClient, episode: str | None = None) -> EvalResult:
     """Open a fresh episode on `sites` (a WebSites), solve `config` in it over HTTP, score it, close it."""
     episode = episode or f"demo-{uuid.uuid4().hex[:12]}"
     sites.open_episode(episode, config.get("site_seed"))
     try:
-        urls = sites.placeholders(episode)
-        answer, final_url = await solve(config, client, urls)
-
-        async def fetch(url: str) -> str:
-            r = await client.get(url, follow_redirects=True)
-            return r.text
-
-        evaluator = Evaluator(urls, fetch, lambda site: sites.database(episode, SITE_DB[site]))
-        return await evaluator(config, answer, final_url)
+        answer, final_url = await solve(config, client, sites.placeholders(episode))
+        return await episode_evaluator(sites, episode, client)(config, answer, final_url)
     finally:
         sites.close_episode(episode)

@@ -5,6 +5,7 @@ Instances whose answer would be ambiguous (ties for the cheapest or best rated, 
 """
 from __future__ import annotations
 
+import functools
 import random
 import sqlite3
 from urllib.parse import urlencode
@@ -31,6 +32,7 @@ OPEN = SEARCH + [click("link", "{product}")]
 ORDER_LATEST = "func:shopping_get_latest_order_url()"
 
 
+@functools.lru_cache(maxsize=2)  # every template reads the catalogue: build it once per seed database connection
 def _products(db: sqlite3.Connection) -> list[dict]:
     rows = [dict(r) for r in db.execute("SELECT p.*, c.name AS cat, c.slug FROM products p JOIN categories c "
                                         "ON c.id = p.category_id ORDER BY p.id")]
