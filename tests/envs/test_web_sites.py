@@ -126,6 +126,8 @@ def test_same_seed_same_database_other_seed_other_content(tmp_path):
     ("GET", "/shop/sales/order/view/order_id/abc/", None, 400),
     ("GET", "/shop/sales/order/view/order_id/99999/", None, 404),
     ("GET", "/shop/cart/add", None, 405),
+    ("GET", "/shop/checkout/success/99999", None, 404),
+    ("POST", "/shop/cart/add", {"sku": "SKU-000-00001", "colour": "red", "qty": "0"}, 400),
     ("POST", "/shop/cart/add", {"sku": "NOPE"}, 404),
     ("POST", "/shop/cart/add", {"sku": "SKU-000-00001", "colour": "plaid"}, 400),
     ("POST", "/shop/cart/add", {"sku": "SKU-000-00001", "qty": "many"}, 400),

@@ -121,6 +121,9 @@ async def checkout(request: Request):
 def success(request: Request) -> HTMLResponse:
     oid = int_param(request.path_params["order"], "order")
     root = base(request, "shop")
+    with episode_db(request, "shop") as db:
+        if db.execute("SELECT 1 FROM orders WHERE id=?", (oid,)).fetchone() is None:
+            raise HTTPException(404, f"No order #{oid}.")
     body = (f"<h1>Thank you for your purchase!</h1><p>Your order number is #{oid}.</p>"
             f"<p>{h.link(f'{root}/sales/order/view/order_id/{oid}/', f'View order #{oid}')}</p>")
     return shop_page(request, "Success", body)
