@@ -101,14 +101,16 @@ def forum(request: Request) -> HTMLResponse:
 
 
 def _comment_tree(root: str, comments: list, parent=None) -> str:
+    """Nested comments, each with its own visible reply form (labelled with the commenter's name): a form folded
+    into a <details> would be hidden from a browser's accessibility tree until opened."""
     items = []
     for c in (c for c in comments if c["parent_id"] == parent):
         reply = h.form(f"{root}/comment/{c['post_id']}", h.textarea("body", f"Reply to {c['username']}",
                                                                     field_id=f"reply-{c['id']}"),
                        f"Post reply to {c['username']}", hidden={"parent": c["id"]}, label=f"Reply to {c['username']}")
         items.append(f"<li><article><p>{user_link(root, c['username'])} on "
-                     f"{c['created_at']}</p><div class=\"comment__body\"><p>{h.esc(c['body'])}</p></div><details><summary>Reply</summary>{reply}"
-                     f"</details>{_comment_tree(root, comments, c['id'])}</article></li>")
+                     f"{c['created_at']}</p><div class=\"comment__body\"><p>{h.esc(c['body'])}</p></div>{reply}"
+                     f"{_comment_tree(root, comments, c['id'])}</article></li>")
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
 

@@ -86,6 +86,12 @@ class WebSites:
             raise RuntimeError("the web sites are not started: call WebSites.start() first")
         return {site: f"{self.origin}/e/{episode}/{site}" for site in SITES}
 
+    def episode_prefix(self, episode: str) -> str:
+        """The URL prefix every page of an episode starts with: what a browser confined to it may load."""
+        if not self.origin:
+            raise RuntimeError("the web sites are not started: call WebSites.start() first")
+        return f"{self.origin}/e/{episode}/"
+
     def placeholders(self, episode: str) -> dict[str, str]:
         """WebArena's URL placeholders mapped to this episode's sites, for task configs and the evaluator."""
         urls = self.base_urls(episode)
