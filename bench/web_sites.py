@@ -7,6 +7,7 @@ Runs on whatever machine it is given; the figures are medians (and p99 for laten
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import sqlite3
@@ -28,11 +29,33 @@ def _ms(samples: list[float]) -> dict[str, float]:
             "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)}
 
 
+async def _aria_sizes(base: dict[str, str], forum: str, post_id: int) -> dict[str, int]:
+    """Characters of `aria_snapshot()` (the page text a browser agent reads) of typical pages."""
+    from playwright.async_api import async_playwright
+
+    pages = {"shop_home": base["shop"] + "/", "shop_listing": base["shop"] + "/category/shirts",
+             "shop_product": base["shop"] + "/product/SKU-000-00003", "forum_hot": base["forum"] + "/",
+             "forum_post": f"{base['forum']}/f/{forum}/{post_id}", "wiki_article": base["wiki"] + "/wiki/Varnholt"}
+    sizes = {}
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = await browser.new_page()
+        for name, url in pages.items():
+            await page.goto(url)
+            sizes[f"aria_chars_{name}"] = len(await page.locator("body").aria_snapshot())
+        await browser.close()
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--aria", action="store_true", help="also the accessibility-tree size of typical pages "
+                                                            "(headless Chromium at /usr/bin/chromium)")
     args = parser.parse_args()
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,6 +100,7 @@ def main() -> None:
                 out["open_episode_both_sites"] = _ms(opens)
                 out["fork_episode_both_sites"] = _ms(forks)
                 out[f"server_rss_mb_{args.episodes}_episodes"] = round(server.memory_info().rss / 2**20, 1)
+                out["disk_bytes_per_episode"] = sum(f.stat().st_size for f in (sites.store.root / "ep0").iterdir())
                 base = sites.base_urls("ep0")
                 conn = sites.database("ep0", "forum")
                 post_id, forum = conn.execute("SELECT p.id, f.name FROM posts p JOIN forums f ON f.id = p.forum_id "
@@ -94,6 +118,8 @@ def main() -> None:
                         client.get(url, follow_redirects=True)
                         samples.append(time.perf_counter() - start)
                     out[f"latency_{name}"] = _ms(samples)
+                if args.aria:
+                    out.update(asyncio.run(_aria_sizes(base, forum, post_id)))
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
