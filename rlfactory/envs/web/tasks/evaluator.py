@@ -3,9 +3,10 @@
 Inputs are what an episode leaves behind: the final answer (`stop [answer]`), the final URL, the episode's
 databases and its pages (fetched over HTTP). The score is the product of the config's `eval_types`, as in
 WebArena's `evaluator_router`:
-- `string_match`: `reference_answers` with `exact_match`, `must_include` (each item; a one-token reference must be
-  a whole token of the answer) and `fuzzy_match` (through an LLM judge: `endpoint_judge` over the reward module's
-  `llm_judge`; without a judge a config that needs one raises `JudgeRequired`, never scores 0 silently);
+- `string_match`: `reference_answers` with `exact_match`, `must_include` (each item; when it is the only item and a
+  short single token such as "4", a whole token of the answer: WebArena does this for one-character references only,
+  so "12" would match "2012" there but not here) and `fuzzy_match` (through an LLM judge: `endpoint_judge` over
+  the reward module's `llm_judge`; without a judge a config that needs one raises `JudgeRequired`, never a silent 0);
 - `url_match`: `reference_url` (alternatives joined by " |OR| "), rule "GOLD in PRED": the reference's host+path
   is contained in the final URL's and every reference query value is among the final URL's;
 - `program_html`: per target, the page at `url` ("last" = the final URL, or `func:` one of WebArena's helpers
