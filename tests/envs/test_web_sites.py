@@ -187,3 +187,29 @@ def test_forks_taken_while_the_server_writes_are_consistent_snapshots(sites):
         for episode in ["busy"] + [f"snap{i}" for i in range(8)]:
             sites.close_episode(episode)
     assert counts == sorted(counts) and counts[-1] > counts[0]  # each a later snapshot of a growing thread
+
+
+def test_every_link_and_form_stays_inside_its_episode(sites, client):
+    """A browser confined to `episode_prefix` never meets a link or form it may not follow (crawled breadth-first)."""
+    import re
+    from urllib.parse import urljoin
+
+    urls = sites.open_episode("crawl")
+    prefix = sites.episode_prefix("crawl")
+    try:
+        queue, seen = [urls[site] + "/" for site in ("shop", "forum", "wiki")], set()
+        while queue and len(seen) < 60:
+            url = queue.pop(0)
+            if url in seen:
+                continue
+            seen.add(url)
+            page = client.get(url)
+            assert page.status_code == 200, url
+            for target in re.findall(r'(?:href|action)="([^"]*)"', page.text):
+                absolute = urljoin(str(page.url), target.replace("&amp;", "&"))
+                assert absolute.startswith(prefix), (url, target)
+                if 'href="' + target in page.text:
+                    queue.append(absolute)
+    finally:
+        sites.close_episode("crawl")
+    assert len(seen) == 60
