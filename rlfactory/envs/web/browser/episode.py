@@ -13,6 +13,7 @@ here: the web environment's evaluator reads the answer, the URL and the sites' d
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from urllib.parse import urljoin
 
 from rlfactory.envs.types import EnvError, StepResult
@@ -38,10 +39,12 @@ class BrowserEpisode:
         self.answer: str | None = None
         self.steps = 0
 
-    async def open(self, start_url: str, allowed_origins: list[str] | None = None) -> StepResult:
-        """A new context at `start_url`; `allowed_origins` are the episode's sites (default: the start URL's)."""
+    async def open(self, start_url: str, allowed_origins: list[str] | None = None, *,
+                   confine_paths: bool = False) -> StepResult:
+        """A new context at `start_url`; `allowed_origins` are the episode's sites (default: the start URL's);
+        `confine_paths`: only URLs under those base URLs' paths too (`OriginPolicy`)."""
         try:
-            policy = OriginPolicy.of(list(allowed_origins or [start_url]))
+            policy = OriginPolicy.of(list(allowed_origins or [start_url]), confine_paths=confine_paths)
         except ValueError as e:
             raise EnvError(f"open: {e}") from None
         why = policy.refusal(start_url)
@@ -149,17 +152,21 @@ class BrowserEpisode:
         except ActionFailed as e:
             raise BrowserLost(f"the page could not be captured ({e})") from None
 
-    async def fork(self) -> BrowserEpisode:
+    async def fork(self, *, policy: OriginPolicy | None = None,
+                   rewrite: Callable[[str], str] | None = None) -> BrowserEpisode:
         """A new episode in a new context with this one's cookies and local storage, its tabs at the same URLs
-        (the active one active). Left out: form fields typed but not submitted, scroll positions, history."""
+        (the active one active). `policy` / `rewrite(url)`: the copy's sites and where each tab's URL moves to (the
+        web environment forks its sites into a new episode path too). Left out: form fields typed but not
+        submitted, scroll positions, history."""
         ctx = self._context()
         ctx.check()
         state = await ctx.storage_state()
         twin = BrowserEpisode(self.chromium, max_chars=self.max_chars, show_urls=self.show_urls)
-        twin.context = await self.chromium.new_context(ctx.policy, storage_state=state)
+        twin.context = await self.chromium.new_context(policy or ctx.policy, storage_state=state)
         try:
             for tab in ctx.tabs:
-                await twin.context.new_tab(tab.url if tab.url != "about:blank" else None)
+                url = tab.url if rewrite is None or tab.url == "about:blank" else rewrite(tab.url)
+                await twin.context.new_tab(url if url != "about:blank" else None)
             await twin.context.focus(ctx.active)
         except ActionFailed:
             await twin.close()

@@ -12,12 +12,14 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, Coroutine, TypeVar
 
 from rlfactory.envs.types import EnvError, StepResult
 from rlfactory.envs.web.browser.adapter import BrowserLost, BrowserSettings, Chromium
 from rlfactory.envs.web.browser.episode import BrowserEpisode
 from rlfactory.envs.web.browser.observation import DEFAULT_MAX_CHARS
+from rlfactory.envs.web.browser.policy import OriginPolicy
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,9 +101,10 @@ class BrowserEnv:
                 asyncio.run_coroutine_threadsafe(ctx.close(), self.host.loop)
             raise
 
-    def open(self, start_url: str, allowed_origins: list[str] | None = None) -> StepResult:
+    def open(self, start_url: str, allowed_origins: list[str] | None = None, *,
+             confine_paths: bool = False) -> StepResult:
         self.lost = None  # a new context: whatever happened to the last one is over
-        return self._run(self.episode.open(start_url, allowed_origins))
+        return self._run(self.episode.open(start_url, allowed_origins, confine_paths=confine_paths))
 
     def reset(self, task_id: int) -> StepResult:
         if not self.start_urls:
@@ -117,8 +120,9 @@ class BrowserEnv:
     def screenshot(self) -> bytes:
         return self._run(self.episode.screenshot())
 
-    def fork(self) -> BrowserEnv:
-        return BrowserEnv(self.host, episode=self._run(self.episode.fork(), loses=False))
+    def fork(self, *, policy: OriginPolicy | None = None, rewrite: Callable[[str], str] | None = None) -> BrowserEnv:
+        """A copy in a new context (`BrowserEpisode.fork`: `policy`, `rewrite` move it to other sites)."""
+        return BrowserEnv(self.host, episode=self._run(self.episode.fork(policy=policy, rewrite=rewrite), loses=False))
 
     def close(self) -> None:
         try:

@@ -2,8 +2,9 @@
 
 An episode is opened with a list of base URLs (its sites); only their origins (scheme, host, port) are reachable.
 `about:blank` is allowed (a new tab starts there); `file:`, `data:`, `javascript:`, `chrome:` and every other
-scheme or origin are not. Paths in the base URLs are ignored: containment is per origin, as the browser's own
-same-origin rule is.
+scheme or origin are not. Paths in the base URLs are ignored (containment is per origin, as the browser's own
+same-origin rule is) unless the policy is made with `confine_paths=True`: then a URL must also start with one of the
+base URLs (the web environment's episodes share one site server and differ by path, `/e/<episode>/`).
 """
 from __future__ import annotations
 
@@ -31,32 +32,40 @@ class OriginPolicy:
     """The origins one episode may reach."""
 
     origins: frozenset[str]
+    prefixes: frozenset[str] = frozenset()
+    """With `confine_paths`: the base URLs (origin made explicit) a reachable URL must start with."""
 
     @classmethod
-    def of(cls, base_urls: list[str] | tuple[str, ...]) -> OriginPolicy:
+    def of(cls, base_urls: list[str] | tuple[str, ...], confine_paths: bool = False) -> OriginPolicy:
         """From base URLs such as `http://127.0.0.1:8001/`; raises ValueError naming a URL that is not http(s)."""
-        origins = set()
+        origins, prefixes = set(), set()
         for url in base_urls:
             origin = origin_of(url)
             if origin is None:
                 raise ValueError(f"allowed origin {url!r} is not an http(s) URL like http://127.0.0.1:8001")
             origins.add(origin)
+            if confine_paths:
+                prefixes.add(origin + urlsplit(url.strip()).path)
         if not origins:
             raise ValueError("an episode needs at least one allowed origin (its sites' base URLs)")
-        return cls(frozenset(origins))
+        return cls(frozenset(origins), frozenset(prefixes))
 
     def allows(self, url: str) -> bool:
         if url.strip() == "about:blank":
             return True
         origin = origin_of(url)
-        return origin is not None and origin in self.origins
+        if origin is None or origin not in self.origins:
+            return False
+        path = urlsplit(url.strip()).path
+        # A browser asks every origin for /favicon.ico by itself: not the policy's doing, nothing to note.
+        return not self.prefixes or path == "/favicon.ico" or any((origin + path).startswith(p) for p in self.prefixes)
 
     def refusal(self, url: str, base: str | None = None) -> str | None:
         """Why `url` (relative to `base`) may not be reached, or None when it may."""
         full = urljoin(base, url) if base else url
         if self.allows(full):
             return None
-        return f"{_short(full)} is outside this episode's sites ({', '.join(sorted(self.origins))})"
+        return f"{_short(full)} is outside this episode's sites ({', '.join(sorted(self.prefixes or self.origins))})"
 
 
 def _short(url: str, limit: int = 120) -> str:
