@@ -24,7 +24,10 @@ from rlfactory.tools.types import ToolCall
 
 # An action that ends no episode, by the kind of server its name says (else `inventory`).
 SAFE_ACTIONS = {"textcraft": "inventory", "babyai": "check available actions", "sciworld": "look around",
-                "webshop": "search[shoes]", "webarena": "scroll [down]"}
+                "webshop": "search[shoes]", "webarena": "scroll [down]", "web": "scroll [down]"}
+# Servers whose tasks differ in kind by id: the doctor plays one episode per listed id (the web server's ids 0, 1, 2
+# are a shop, a forum and a wiki task), else the one `--task-id`.
+DOCTOR_TASKS = {"web": (0, 1, 2)}
 DOCTOR_EPISODE = "rlfactory-doctor"
 
 
@@ -51,6 +54,11 @@ def _ends(text: str, keep: int = 150) -> str:
     return text if len(text) <= 2 * keep else f"{text[:keep]} … {text[-keep:]}"
 
 
+def _doctor_tasks(server: str, task_id: int) -> tuple[int, ...]:
+    name = server.lower()
+    return next((ids for key, ids in DOCTOR_TASKS.items() if key == name or name.startswith(key + "_")), (task_id,))
+
+
 def _safe_action(server: str) -> str:
     name = server.lower()
     return next((a for key, a in SAFE_ACTIONS.items() if key in name), "inventory")
@@ -63,15 +71,17 @@ async def _health(tools: Any, server: str) -> Stage | None:
 
 
 async def check_env(tools: Any, server: str, task_id: int = 0, action: str | None = None) -> EnvReport:
-    """One episode on `server`: health (when published), reset(task_id), step(action), observe, close."""
+    """One episode on `server` (one per id of DOCTOR_TASKS for the servers listed there): health (when published),
+    reset(task_id), step(action), observe, close."""
     report = EnvReport(server)
     health = await _health(tools, server)
     if health is not None:
         report.stages.append(health)
         if not health.ok:
             return report
-    plan = [("reset", {"task_id": task_id}), ("step", {"action": action or _safe_action(server)}),
-            ("observe", {}), ("close", {})]
+    plan = [stage for tid in _doctor_tasks(server, task_id) for stage in (
+        ("reset", {"task_id": tid}), ("step", {"action": action or _safe_action(server)}), ("observe", {}),
+        ("close", {}))]
     for tool, args in plan:
         t0 = time.perf_counter()
         result = await tools.call(ToolCall(name=f"{server}.{tool}", arguments={**args, EPISODE_ARG: DOCTOR_EPISODE}))

@@ -1,0 +1,88 @@
+"""The web environment as a stateful MCP server (stdio): WebArena-style tasks on our shop, forum and wiki, played in
+real headless Chromium, each episode with its own copy of the sites' databases.
+
+Run: `python -m rlfactory.envs.tools.web [--split train|heldout] [--max-steps N] [--view text|pixels]
+[--max-chars N] [--seed N] [--chromium PATH] [--max-episodes N] [--idle-timeout-s S]`.
+
+The server starts the site server itself (a child process on a free 127.0.0.1 port, stopped with the server) and
+one Chromium for all episodes. Tools (each takes `episode_id`, filled in by rlfactory):
+- `reset(task_id)`: task `task_id % N` of the split (ids 0, 1, 2: a shop, a forum and a wiki task); returns the
+  intent and the start page's observation.
+- `step(action)`: one WebArena action; `stop [answer]` ends and scores the episode (`score` in [0, 1]), as does the
+  step limit.
+- `observe()`, `close()`, and the loop-only `fork(into)` (sites and browser copied).
+The environment is `rlfactory/envs/web/env.py`; failures of the sites or the browser are infrastructure errors.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+
+from rlfactory.envs.mcp_server import build_env_server, server_args
+from rlfactory.envs.types import EnvError
+from rlfactory.envs.web.browser.adapter import CHROMIUM, BrowserSettings
+from rlfactory.envs.web.browser.observation import DEFAULT_MAX_CHARS
+from rlfactory.envs.web.env import DEFAULT_MAX_STEPS, SPLITS, VIEWS, WebEnv, WebWorld
+
+logger = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "A web task on a shop, a forum and a wiki. Call reset(task_id) to start; it returns the task and the page's "
+    "accessibility tree, where every element has an id in brackets ([12] link 'Red shirt'), then the tabs and the "
+    "URL. Act with step(action), one action a call: click [id], type [id] [text] [press_enter], hover [id], "
+    "press [keys], scroll [up|down], goto [url], go_back, go_forward, new_tab, tab_focus [i], close_tab. When the "
+    "task is done call step with stop [answer] (the answer if the task asks a question, else stop [])."
+)
+
+
+def main() -> None:
+    def extra(p):
+        p.add_argument("--split", choices=SPLITS, default=SPLITS[0], help="which tasks the ids mean")
+        p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="actions before an episode ends")
+        p.add_argument("--view", choices=VIEWS, default=VIEWS[0],
+                       help="pixels: a screenshot of the tab after each result's text")
+        p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="observation budget in characters")
+        p.add_argument("--seed", type=int, default=0, help="content seed of the sites (and so of the tasks)")
+        p.add_argument("--cache", default=None, help="folder of the sites' seed databases")
+        p.add_argument("--chromium", default=CHROMIUM, help="the Chromium executable (Debian's by default)")
+
+    args = server_args("Web environment MCP server", max_episodes=32, extra=extra)
+    world = WebWorld(seed=args.seed, cache=Path(args.cache) if args.cache else None,
+                     browser=BrowserSettings(executable_path=args.chromium)).start()
+
+    def make() -> WebEnv:
+        return WebEnv(world, split=args.split, max_steps=args.max_steps, view=args.view, max_chars=args.max_chars)
+
+    def health() -> tuple[bool, str]:
+        try:
+            ok = httpx.get(f"{world.sites.origin}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError as e:
+            return False, f"the sites at {world.sites.origin} do not answer: {e}"
+        if not ok:
+            return False, f"the sites at {world.sites.origin} answer /health with an error"
+        try:
+            assert world.host is not None
+            world.host.start()
+        except EnvError as e:
+            return False, f"the browser does not launch: {e}"
+        proc = world.host.chromium.process()
+        return True, (f"sites at {world.sites.origin}, {len(world.splits[args.split])} {args.split} tasks, chromium "
+                      f"running (pid {proc.pid if proc else '?'})")
+
+    es = build_env_server(
+        "web", make, instructions=INSTRUCTIONS,
+        reset_doc=(f"Start web task `task_id` of the {args.split} split (any integer; the same id is the same task). "
+                   "Returns the task and the start page's observation."),
+        step_doc=("Play one browser action: click [id], type [id] [text] [press_enter] (1 or 0, default 1), "
+                  "hover [id], press [keys], scroll [up|down], goto [url], go_back, go_forward, new_tab, "
+                  "tab_focus [i], close_tab, or stop [answer] to finish (scored then). The ids are the numbers in "
+                  "brackets in the last observation. Returns the new observation."),
+        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health, forkable=True)
+    es.on_shutdown.append(world.close)
+    es.run()
+
+
+if __name__ == "__main__":
+    main()
