@@ -1,0 +1,204 @@
+"""The web environment (rlfactory/envs/web/env.py) on the real site server and real headless Chromium: a task's
+reset, scoring at `stop`, the step limit, containment to the episode's own path, forks that share nothing, the
+scripted demonstrator through the browser, and the MCP env server (envs/tools/web.py) as a real subprocess."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from rlfactory.envs.web.demonstrator import find_element, play_plan
+from rlfactory.envs.web.env import WebEnv, WebWorld
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"),
+                                reason="Debian's chromium is not installed (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    with WebWorld(cache=tmp_path_factory.mktemp("web-cache")) as w:
+        yield w
+
+
+def _act(env: WebEnv):
+    def act(action: str):
+        r = env.step(action)
+        return r.observation, r.done, r.score
+    return act
+
+
+def _solve(world: WebWorld, env: WebEnv, task_id: int) -> float:
+    first = env.reset(task_id)
+    demo = play_plan(env.config, first.observation, _act(env), world.sites.placeholders(env.episode))
+    assert demo.done and demo.actions[-1].startswith("stop ["), demo.actions
+    return demo.score
+
+
+def test_reset_shows_the_task_and_stop_scores_it(world):
+    env = WebEnv(world)
+    try:
+        first = env.reset(0)
+        assert first.observation.startswith(f"Task: {env.config['intent']}\n") and "URL: " in first.observation
+        assert first.info["site"] == "shopping" and first.info["split"] == "train" and not first.done
+        assert env.url.startswith(world.sites.episode_prefix(env.episode))
+        wrong = env.step("stop [no idea]")
+        assert wrong.done and wrong.score == 0.0 and wrong.reward == 0.0 and wrong.info["answer"] == "no idea"
+        assert env.step("scroll [down]").done  # an ended episode stays ended
+        assert [world.task("train", i)["sites"][0] for i in range(3)] == ["shopping", "reddit", "wikipedia"]
+    finally:
+        env.close()
+    assert env.episode is None and not world.sites.store.episodes()
+
+
+@pytest.mark.parametrize("task_id", [0, 1, 2])  # a shop, a forum and a wiki task
+def test_the_demonstrator_solves_a_task_of_each_site_through_the_browser(world, task_id):
+    env = WebEnv(world)
+    try:
+        assert _solve(world, env, task_id) == 1.0
+    finally:
+        env.close()
+
+
+def test_the_step_limit_ends_and_scores_the_episode(world):
+    env = WebEnv(world, max_steps=2)
+    try:
+        env.reset(1)
+        assert not env.step("scroll [down]").done
+        last = env.step("scroll [down]")
+        assert last.done and last.score == 0.0 and "step limit (2)" in last.observation
+    finally:
+        env.close()
+
+
+def test_an_episode_reaches_its_own_sites_only(world):
+    a, b = WebEnv(world), WebEnv(world)
+    try:
+        a.reset(0)
+        b.reset(0)
+        other = world.sites.base_urls(b.episode)["shop"] + "/"
+        seen = a.step(f"goto [{other}]").observation
+        assert "outside this episode's sites" in seen and f"URL: {other}" not in seen
+        assert a.step("goto [http://example.com/]").observation.count("outside") >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_fork_has_sites_and_browser_of_its_own(world):
+    tid = next(i for i, c in enumerate(world.splits["train"]) if c["eval"].get("db_state"))
+    env = WebEnv(world)
+    try:
+        env.reset(tid)
+        twin = env.fork()
+        try:
+            assert twin.episode != env.episode and twin.url.startswith(world.sites.episode_prefix(twin.episode))
+            assert f"URL: {twin.url}" in twin.observe()
+            demo = play_plan(twin.config, twin.observe(), _act(twin), world.sites.placeholders(twin.episode))
+            assert demo.score == 1.0
+            # The fork's changes are in its own databases: the original's still fail the task's database checks.
+            untouched = world.evaluate(env.episode, env.config, demo.actions[-1][6:-1], twin.url)
+            assert untouched.parts["db_state"] == 0.0 and not env.done
+        finally:
+            twin.close()
+    finally:
+        env.close()
+
+
+def test_pixel_view_gives_a_png(world):
+    env = WebEnv(world, view="pixels")
+    try:
+        assert env.picture() is None
+        env.reset(2)
+        assert env.picture().startswith(b"\x89PNG")
+    finally:
+        env.close()
+    assert WebEnv(world).picture() is None
+
+
+def test_find_element_reads_ids_from_an_observation():
+    obs = "Tab 0 (current): Shop\nURL: http://x/\n[1] banner\n\t[7] link 'Bob's shop'\n\t[9] searchbox 'Search' focused"
+    assert find_element(obs, "link", "Bob's  shop") == "7" and find_element(obs, "searchbox", "Search") == "9"
+    assert find_element(obs, "button", "Search") is None
+
+
+@pytest.mark.slow
+def test_the_demonstrator_solves_one_task_per_template_through_the_browser(world):
+    failures = []
+    for split in ("train", "heldout"):
+        first_of: dict[int, int] = {}
+        for i, config in enumerate(world.splits[split]):
+            first_of.setdefault(config["intent_template_id"], i)
+        env = WebEnv(world, split=split)
+        try:
+            for template, i in sorted(first_of.items()):
+                score = _solve(world, env, i)
+                if score != 1.0:
+                    failures.append((split, template, i, score))
+        finally:
+            env.close()
+    assert not failures
+
+
+async def test_the_mcp_server_plays_scores_and_forks_an_episode():
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.tools.mcp_configs import ServerConfig, ServerSettings
+    from rlfactory.tools.types import ToolCall
+
+    cfg = ServerConfig("web", "test", "stdio", command=sys.executable,
+                       args=("-m", "rlfactory.envs.tools.web", "--max-episodes", "4"),
+                       settings=ServerSettings(cache=False, startup_timeout_s=90, tool_timeout_s=90))
+    async with ToolManager({"web": cfg}) as tools:
+        assert {"reset", "step", "observe", "close"} <= {s.tool for s in tools.specs if s.server == "web"}
+        assert [s.tool for s in tools.loop_specs if s.server == "web"] == ["fork"]
+        opened = await tools.call(ToolCall(name="web.reset", arguments={"task_id": 1, "episode_id": "ep"}))
+        assert not opened.is_error and opened.structured["observation"].startswith("Task: ")
+        forked = await tools.call(ToolCall(name="web.fork", arguments={"into": "ep2", "episode_id": "ep"}))
+        assert not forked.is_error, forked.text
+
+        async def play(episode: str, first: str) -> float:
+            config = _server_task(1)
+
+            async def act(action: str):
+                r = await tools.call(ToolCall(name="web.step", arguments={"action": action, "episode_id": episode}))
+                assert not r.is_error, r.text
+                return r.structured["observation"], r.structured["done"], r.structured["score"]
+            return await _play_async(config, first, act)
+
+        assert await play("ep", opened.structured["observation"]) == 1.0
+        done_twin = await tools.call(ToolCall(name="web.step", arguments={"action": "stop [x]", "episode_id": "ep2"}))
+        assert done_twin.structured["done"] and done_twin.structured["score"] == 0.0
+        for ep in ("ep", "ep2"):
+            closed = await tools.call(ToolCall(name="web.close", arguments={"episode_id": ep}))
+            assert not closed.is_error
+
+
+def _server_task(task_id: int) -> dict:
+    """The config the server's `reset(task_id)` opens (its list: the train split, sites interleaved)."""
+    from rlfactory.envs.web.env import interleave_sites
+    from rlfactory.envs.web.tasks.build import build_tasks
+
+    tasks = interleave_sites([c for c in build_tasks(0) if c["split"] == "train"])
+    return tasks[task_id % len(tasks)]
+
+
+async def _play_async(config: dict, first: str, act) -> float:
+    """`play_plan` over an async `act` (the MCP call): the plan's steps resolved on each observation."""
+    from rlfactory.envs.web.demonstrator import MAX_SCROLLS
+    from rlfactory.envs.web.tasks.build import plan_steps, webarena_action
+
+    observation, score = first, 0.0
+    for step in plan_steps(config):
+        if step["action"] == "stop":
+            _, done, score = await act(webarena_action(step))
+            assert done
+            return score
+        eid = find_element(observation, step["role"], step["name"])
+        for _ in range(MAX_SCROLLS):
+            if eid is not None:
+                break
+            observation, _, _ = await act("scroll [down]")
+            eid = find_element(observation, step["role"], step["name"])
+        assert eid is not None, (step, observation[-500:])
+        observation, _, _ = await act(webarena_action(step, eid))
+    return score
