@@ -92,7 +92,7 @@ class WebWorld:
                 return await ev(config, answer, final_url)
         try:
             return asyncio.run(run())
-        except Exception as e:  # noqa: BLE001 - the sites or the config failed, never the policy
+        except Exception as e:  # the sites or the config failed, never the policy
             raise WebInfraError(f"scoring task {config.get('task_id')} of episode {episode} failed: "
                                 f"{type(e).__name__}: {e}") from e
 

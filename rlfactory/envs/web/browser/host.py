@@ -12,8 +12,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from rlfactory.envs.types import EnvError, StepResult
 from rlfactory.envs.web.browser.adapter import BrowserLost, BrowserSettings, Chromium
