@@ -12,19 +12,30 @@ one Chromium for all episodes. Tools (each takes `episode_id`, filled in by rlfa
   step limit.
 - `observe()`, `close()`, and the loop-only `fork(into)` (sites and browser copied).
 The environment is `rlfactory/envs/web/env.py`; failures of the sites or the browser are infrastructure errors.
+
+`--browser none [--gate-port P]`: no browser here; another MCP server browses (the official Playwright MCP server,
+mcp_configs/web_playwright_env.json, pointed at this server's origin proxy with `--proxy-server
+http://127.0.0.1:P`, which lets through only the open episodes' pages). Tools then: `reset(task_id)` (the intent and
+the start URL), `evaluate(answer, final_url)` (the score; ends the episode), `observe()`, `close()`
+(`rlfactory/envs/web/task_env.py`).
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Annotated
 
 import httpx
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult
+from pydantic import Field
 
-from rlfactory.envs.mcp_server import build_env_server, server_args
+from rlfactory.envs.mcp_server import EpisodeId, build_env_server, server_args
 from rlfactory.envs.types import EnvError
 from rlfactory.envs.web.browser.adapter import CHROMIUM, BrowserSettings
 from rlfactory.envs.web.browser.observation import DEFAULT_MAX_CHARS
 from rlfactory.envs.web.env import DEFAULT_MAX_STEPS, SPLITS, VIEWS, WebEnv, WebWorld
+from rlfactory.envs.web.task_env import EVALUATE_DOC, SitesGate, WebTaskEnv
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +58,18 @@ def main() -> None:
         p.add_argument("--seed", type=int, default=0, help="content seed of the sites (and so of the tasks)")
         p.add_argument("--cache", default=None, help="folder of the sites' seed databases")
         p.add_argument("--chromium", default=CHROMIUM, help="the Chromium executable (Debian's by default)")
+        p.add_argument("--browser", choices=("ours", "none"), default="ours",
+                       help="none: reset and evaluate only; another MCP server (Playwright's) is the browser")
+        p.add_argument("--gate-port", type=int, default=0,
+                       help="with --browser none: the port of the origin proxy the other browser uses")
 
     args = server_args("Web environment MCP server", max_episodes=32, extra=extra)
     world = WebWorld(seed=args.seed, cache=Path(args.cache) if args.cache else None,
-                     browser=BrowserSettings(executable_path=args.chromium)).start()
+                     browser=BrowserSettings(executable_path=args.chromium), with_browser=args.browser == "ours")
+    world.start()
+    if args.browser == "none":
+        serve_tasks_only(world, args)
+        return
 
     def make() -> WebEnv:
         return WebEnv(world, split=args.split, max_steps=args.max_steps, view=args.view, max_chars=args.max_chars)
@@ -81,6 +100,36 @@ def main() -> None:
                   "brackets in the last observation. Returns the new observation."),
         max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health, forkable=True)
     es.on_shutdown.append(world.close)
+    es.run()
+
+
+def serve_tasks_only(world: WebWorld, args) -> None:
+    """The server of `--browser none`: reset, evaluate, observe, close; the browser is another server's."""
+    gate = SitesGate(world, args.gate_port)
+    logger.info("sites gate for the browser at %s", gate.url)
+
+    def health() -> tuple[bool, str]:
+        try:
+            ok = httpx.get(f"{world.sites.origin}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError as e:
+            return False, f"the sites at {world.sites.origin} do not answer: {e}"
+        return ok, f"sites at {world.sites.origin}, browser gate at {gate.url} (--proxy-server {gate.url})"
+
+    es = build_env_server(
+        "web", lambda: WebTaskEnv(world, gate, split=args.split),
+        instructions=("A web task on a shop, a forum and a wiki. Call reset(task_id) for the task and its start "
+                      "URL; do it with the browser tools; then call evaluate(answer, final_url)."),
+        reset_doc=(f"Start web task `task_id` of the {args.split} split. Returns the task and its start URL (open it "
+                   "in the browser)."),
+        step_doc=None, max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health)
+
+    def evaluate(answer: Annotated[str, Field(description="Your answer, or empty if the task asks none.")] = "",
+                 final_url: Annotated[str, Field(description="The URL the browser shows at the end.")] = "",
+                 episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
+        return es.act(episode_id, ctx, lambda env: env.evaluate(answer, final_url))
+
+    es.add_tool(evaluate, EVALUATE_DOC)
+    es.on_shutdown.extend([gate.close, world.close])
     es.run()
 
 
