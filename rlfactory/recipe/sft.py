@@ -63,7 +63,7 @@ class DemoSetConfig(Section):
     """JSONL tasks (prompt/answer/id) to demonstrate, relative to the recipe; empty = generated arithmetic tasks."""
     digits: list[int] = Field(default_factory=lambda: [3, 4])
     """Operand digit counts of generated arithmetic tasks."""
-    policy: Literal["calculator", "textcraft", "babyai"] = "calculator"
+    policy: Literal["calculator", "textcraft", "babyai", "web"] = "calculator"
     """The scripted demonstrator: `calculator` (arithmetic tasks, the calculator tool) or an environment solver
     that plays `tasks_file`'s tasks through the environment's server (rlfactory/warmup/env_demos.py)."""
     styles: dict[str, float] = Field(default_factory=dict)

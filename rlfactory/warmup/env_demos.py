@@ -13,7 +13,10 @@ Solvers (rlfactory/envs/solvers.py), chosen per demo set by `policy`:
 - `textcraft`: `textcraft_plan` on the reset observation, style `plan` (reads the list) or `ask` (a `get` of each
   item first, whose answer names a craftable item's crafting command);
 - `babyai`: `BabyAIWords` on AgentGym's action words, style `walk` (the level planner's single steps) or `macro`
-  (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights.
+  (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights;
+- `web`: the task's plan (rlfactory/envs/web/demonstrator.py), each step found by its id in the last observation,
+  style `plan`; the task is the web server's `reset(task_id)` of the split and seed in the row's `env` (`split`,
+  `seed`; default train, 0).
 
 Left out: SciWorld and Deep Search demonstrators (no scripted solver for them yet).
 """
@@ -29,7 +32,7 @@ from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolSpec
 from rlfactory.warmup.demos import render_tool_call
 
-ENV_POLICIES = {"textcraft": ("plan", "ask"), "babyai": ("walk", "macro")}
+ENV_POLICIES = {"textcraft": ("plan", "ask"), "babyai": ("walk", "macro"), "web": ("plan",)}
 """Demonstrator policies for environment tasks and the styles each knows."""
 
 
@@ -71,7 +74,43 @@ class _BabyAISolver:
         self.words.step(word)
 
 
-_SOLVERS = {"textcraft": _TextCraftSolver, "babyai": _BabyAISolver}
+class _WebSolver:
+    """Reads every observation (`see`): each plan step's element id is found in the page it acts on."""
+
+    def __init__(self, task: dict[str, Any], style: str):
+        from rlfactory.envs.web.env import split_tasks
+
+        env = _env(task)
+        tasks = split_tasks(int(env.get("seed", 0)))[env.get("split", "train")]
+        self.config = tasks[int(env["task_id"]) % len(tasks)]
+        self.policy: Any = None
+        self.observation = ""
+        self.stuck = False
+
+    def first(self, observation: str) -> None:
+        from rlfactory.envs.web.demonstrator import PlanDemonstrator
+
+        # The server must have opened the task this solver planned for (same split and seed).
+        self.stuck = not observation.startswith(f"Task: {self.config['intent']}\n")
+        self.policy, self.observation = PlanDemonstrator(self.config), observation
+
+    def next_action(self) -> str:
+        from rlfactory.envs.web.demonstrator import DemoStuck
+
+        try:
+            return self.policy.next_action(self.observation)
+        except DemoStuck:
+            self.stuck = True
+            return "scroll [down]"
+
+    def see(self, observation: str) -> None:
+        self.observation = observation
+
+    def step(self, word: str) -> None:
+        pass
+
+
+_SOLVERS = {"textcraft": _TextCraftSolver, "babyai": _BabyAISolver, "web": _WebSolver}
 
 
 def _env(task: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +148,8 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
                                       {"role": "user", "content": observation}]
     try:
         for turn in range(max_turns - 1):
+            if solver.stuck:  # the first observation already said it cannot go on
+                return None, "solver_stuck"
             word = solver.next_action()
             if solver.stuck:
                 return None, "solver_stuck"
@@ -118,6 +159,10 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
             if result.is_error:
                 return None, "step_error"
             solver.step(word)
+            see = getattr(solver, "see", None)
+            if see is not None:  # a solver that reads each observation (the web's)
+                structured_obs = (result.structured or {}).get("observation")
+                see(structured_obs if isinstance(structured_obs, str) else response_text(result))
             messages.append({"role": "assistant", "content": render_tool_call(step.name, {"action": word})})
             messages.append({"role": "tool", "name": step.name, "content": response_text(result)})
             structured = result.structured or {}

@@ -172,13 +172,25 @@ async def test_the_mcp_server_plays_scores_and_forks_an_episode():
             closed = await tools.call(ToolCall(name="web.close", arguments={"episode_id": ep}))
             assert not closed.is_error
 
+        # `rlfactory sft`'s demo sets: the web demonstrator through this server, one task of each site.
+        from rlfactory.warmup.env_demos import generate_env_demos
+
+        rows = [{"id": f"web-{i}", "prompt": "Do the web task.", "answer": None, "env": {"server": "web", "task_id": i}}
+                for i in range(3)]
+        demos, stats = await generate_env_demos(rows, tools, policy="web", styles={"plan": 1.0}, max_turns=12,
+                                                concurrency=1)
+        assert stats == {"plan": 3} and [d["id"] for d in demos] == ["web-0", "web-1", "web-2"]
+        last = demos[0]["messages"][-1]
+        assert last["role"] == "tool" and "score=1 done=true" in last["content"]
+        assert demos[0]["messages"][1]["content"].startswith("Task: ")
+        assert all(m["content"].startswith("<tool_call>") for m in demos[0]["messages"][2::2])
+
 
 def _server_task(task_id: int) -> dict:
     """The config the server's `reset(task_id)` opens (its list: the train split, sites interleaved)."""
-    from rlfactory.envs.web.env import interleave_sites
-    from rlfactory.envs.web.tasks.build import build_tasks
+    from rlfactory.envs.web.env import split_tasks
 
-    tasks = interleave_sites([c for c in build_tasks(0) if c["split"] == "train"])
+    tasks = split_tasks(0)["train"]
     return tasks[task_id % len(tasks)]
 
 

@@ -71,10 +71,10 @@ def _configs(port: int, out: Path) -> dict:
 
 
 async def test_an_episode_through_playwright_mcp_scores_one(tmp_path):
-    from rlfactory.envs.web.env import interleave_sites
-    from rlfactory.envs.web.tasks.build import build_tasks, plan_steps
+    from rlfactory.envs.web.env import split_tasks
+    from rlfactory.envs.web.tasks.build import plan_steps
 
-    config = interleave_sites([c for c in build_tasks(0) if c["split"] == "train"])[0]  # what reset(0) opens
+    config = split_tasks(0)["train"][0]  # what reset(0) opens
     steps = list(plan_steps(config))
     assert [s["action"] for s in steps] == ["type", "click", "stop"], steps  # a search, a product page, its price
     async with ToolManager(_configs(_free_port(), tmp_path)) as tm:

@@ -37,6 +37,43 @@ def _url(observation: str) -> str:
     return next((line[5:] for line in observation.splitlines() if line.startswith("URL: ")), "?")
 
 
+class PlanDemonstrator:
+    """The plan of one task as a policy: `next_action(observation)` is the action to send on that observation (a
+    scroll when the step's element is not in it yet). `urls`: WebArena placeholders -> the episode's base URLs, for
+    `goto` steps."""
+
+    def __init__(self, config: dict, urls: dict[str, str] | None = None):
+        self.config = config
+        self.steps = list(plan_steps(config))
+        self.urls = urls or {}
+        self.scrolls = 0
+
+    @property
+    def finished(self) -> bool:
+        return not self.steps
+
+    def next_action(self, observation: str) -> str:
+        if not self.steps:
+            raise DemoStuck(f"task {self.config.get('task_id')}: the plan is over (it ended with stop)")
+        step = self.steps[0]
+        if step["action"] in ("stop", "goto"):
+            if step["action"] == "goto":
+                for key, base in self.urls.items():
+                    step = {**step, "url": step["url"].replace(key, base)}
+            self.steps.pop(0)
+            return webarena_action(step)
+        eid = find_element(observation, step["role"], step["name"])
+        if eid is None:
+            if self.scrolls >= MAX_SCROLLS:
+                raise DemoStuck(f"task {self.config.get('task_id')}: no {step['role']} {step['name']!r} on "
+                                f"{_url(observation)}")
+            self.scrolls += 1
+            return "scroll [down]"
+        self.steps.pop(0)
+        self.scrolls = 0
+        return webarena_action(step, eid)
+
+
 @dataclass
 class Demo:
     actions: list[str] = field(default_factory=list)
@@ -50,32 +87,10 @@ def play_plan(config: dict, observation: str, act: Callable[[str], tuple[str, bo
     """Play `config`'s plan from the first `observation`; `act(action)` plays one action and returns (observation,
     done, score). `urls`: WebArena placeholders -> the episode's base URLs, for `goto` steps."""
     demo = Demo(observations=[observation])
-
-    def send(action: str) -> str:
-        text, demo.done, demo.score = act(action)
+    policy = PlanDemonstrator(config, urls)
+    while not demo.done and not policy.finished:
+        action = policy.next_action(observation)
+        observation, demo.done, demo.score = act(action)
         demo.actions.append(action)
-        demo.observations.append(text)
-        return text
-
-    for step in plan_steps(config):
-        if step["action"] in ("stop", "goto"):
-            if step["action"] == "goto":
-                for key, base in (urls or {}).items():
-                    step = {**step, "url": step["url"].replace(key, base)}
-            observation = send(webarena_action(step))
-            if demo.done:
-                return demo
-            continue
-        eid = find_element(observation, step["role"], step["name"])
-        for _ in range(MAX_SCROLLS):
-            if eid is not None:
-                break
-            observation = send("scroll [down]")
-            eid = find_element(observation, step["role"], step["name"])
-        if eid is None:
-            raise DemoStuck(f"task {config.get('task_id')}: no {step['role']} {step['name']!r} on "
-                            f"{_url(observation)}")
-        observation = send(webarena_action(step, eid))
-        if demo.done:
-            return demo
+        demo.observations.append(observation)
     return demo

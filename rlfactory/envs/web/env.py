@@ -54,6 +54,13 @@ def interleave_sites(configs: list[dict]) -> list[dict]:
     return [c for group in zip_longest(*by_site.values()) for c in group if c is not None]
 
 
+def split_tasks(seed: int = 0, cache: Path | None = None) -> dict[str, list[dict]]:
+    """{split: its task configs in the order `reset(task_id)` numbers them} for content `seed` (what a server with
+    that seed serves; a demonstrator outside the server rebuilds it to know a task id's plan)."""
+    configs = build_tasks(seed, cache)
+    return {s: interleave_sites([c for c in configs if c["split"] == s]) for s in SPLITS}
+
+
 class WebWorld:
     """The site server, the browser and the tasks shared by every episode of one process; `start()` / `close()`."""
 
@@ -68,8 +75,7 @@ class WebWorld:
 
     def start(self) -> WebWorld:
         self.sites.start()
-        configs = build_tasks(self.seed, self.cache)
-        self.splits = {s: interleave_sites([c for c in configs if c["split"] == s]) for s in SPLITS}
+        self.splits = split_tasks(self.seed, self.cache)
         if self.with_browser:
             self.host = BrowserHost(self.browser_settings)
         return self
