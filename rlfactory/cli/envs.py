@@ -34,7 +34,7 @@ def _ids(text: str) -> list[int]:
 
 @envs_app.command("tasks")
 def tasks(
-    env: str = typer.Option(..., "--env", help="textcraft, babyai, sciworld, deepsearch or webarena."),
+    env: str = typer.Option(..., "--env", help="textcraft, babyai, sciworld, deepsearch, webarena or web."),
     out: Path = typer.Option(..., "--out", help="JSONL file to write the rows to."),
     ids: str = typer.Option("0:100", "--ids", help="Task ids: START:STOP or a comma list."),
     task_set: str = typer.Option("rlfactory", "--task-set",

@@ -118,8 +118,14 @@ def webarena_prompt(task_id: int) -> str:
             "`stop [answer]`). Stop when the task is done.")
 
 
+def web_prompt(task_id: int) -> str:
+    return (f"Web task {task_id}, on a shop, a forum and a wiki. The task and the first page are below. Call step "
+            "with one browser action at a time (e.g. `click [id]`, `type [id] [text] [1]`, `scroll [down]`); when "
+            "the task is done call step with `stop [answer]` (the answer if the task asks a question).")
+
+
 PROMPTS = {"textcraft": textcraft_prompt, "babyai": babyai_prompt, "sciworld": sciworld_prompt,
-           "deepsearch": deepsearch_prompt, "webarena": webarena_prompt}
+           "deepsearch": deepsearch_prompt, "webarena": webarena_prompt, "web": web_prompt}
 
 
 def textcraft_agentgym_prompt(task_id: int, goal: str | None = None) -> str:
