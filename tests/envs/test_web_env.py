@@ -4,6 +4,7 @@ scripted demonstrator through the browser, and the MCP env server (envs/tools/we
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -214,3 +215,17 @@ async def _play_async(config: dict, first: str, act) -> float:
         assert eid is not None, (step, observation[-500:])
         observation, _, _ = await act(webarena_action(step, eid))
     return score
+
+
+async def test_doctor_plays_an_episode_on_each_site():
+    from pathlib import Path
+
+    from rlfactory.envs.doctor import run_doctor
+
+    (report,) = await run_doctor([Path(__file__).resolve().parents[2] / "mcp_configs" / "web.json"])
+    assert report.server == "web" and report.ok, [(s.name, s.detail) for s in report.stages]
+    names = [s.name for s in report.stages]
+    assert names[0] == "health" and [n for n in names if n.startswith("reset")] == [
+        "reset(task_id=0)", "reset(task_id=1)", "reset(task_id=2)"]
+    pages = [s.detail for s in report.stages if s.name == "observe()"]
+    assert [re.search(r"URL: \S+/e/[\w-]+/(\w+)", p).group(1) for p in pages] == ["shop", "forum", "wiki"], pages
