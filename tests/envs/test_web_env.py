@@ -106,6 +106,23 @@ def test_a_fork_has_sites_and_browser_of_its_own(world):
         env.close()
 
 
+def test_sites_that_are_down_are_an_infrastructure_failure(tmp_path):
+    from rlfactory.envs.types import EnvError
+
+    with WebWorld(cache=tmp_path / "cache") as own:
+        env = WebEnv(own)
+        env.reset(0)
+        own.sites.proc.terminate()  # the site server dies under an open episode
+        own.sites.proc.wait(10)
+        with pytest.raises(EnvError) as lost:
+            env.step("click [3]")  # the proxy's error page is not the policy's observation
+        assert lost.value.infra and "site server is not running" in str(lost.value)
+        with pytest.raises(EnvError) as down:
+            env.reset(1)
+        assert down.value.infra
+        env.close()
+
+
 def test_pixel_view_gives_a_png(world):
     env = WebEnv(world, view="pixels")
     try:

@@ -86,6 +86,14 @@ class WebWorld:
             raise EnvError(f"split {split!r} has no tasks (use one of {', '.join(SPLITS)}; is the world started?)")
         return tasks[task_id % len(tasks)]
 
+    def check_sites(self) -> None:
+        """WebInfraError when the site server has exited (its pages would show the proxy's error, as if the
+        policy's doing)."""
+        proc = self.sites.proc
+        if proc is None or proc.poll() is not None:
+            raise WebInfraError(f"the web site server is not running (exit code "
+                                f"{None if proc is None else proc.returncode}); restart the environment server")
+
     def evaluate(self, episode: str, config: dict, answer: str | None, final_url: str) -> EvalResult:
         """Score a finished episode on its own pages and databases (blocking: call it off any event loop)."""
         async def run() -> EvalResult:
@@ -145,6 +153,7 @@ class WebEnv:
     def reset(self, task_id: int = 0) -> StepResult:
         self.close()
         config = self.world.task(self.split, task_id)
+        self.world.check_sites()
         episode = f"w{uuid.uuid4().hex[:16]}"
         try:
             self.world.sites.open_episode(episode, config.get("site_seed"))
@@ -173,6 +182,7 @@ class WebEnv:
             return StepResult(observation="The episode has ended: call reset(task_id) for a new task.",
                               score=self.score, done=True, info=self._info())
         result = browser.step(action)
+        self.world.check_sites()  # a page the dead site server did not serve is not an observation
         self.steps += 1
         self.url = result.info.get("url", self.url)
         if result.done:
@@ -202,6 +212,7 @@ class WebEnv:
         """A copy that goes on from here in sites and browser of its own."""
         browser = self._live()
         assert self.episode is not None
+        self.world.check_sites()
         twin = WebEnv(self.world, split=self.split, max_steps=self.max_steps, view=self.view,
                       max_chars=self.max_chars)
         dst = f"w{uuid.uuid4().hex[:16]}"

@@ -90,6 +90,7 @@ class WebTaskEnv:
     def reset(self, task_id: int = 0) -> StepResult:
         self.close()
         config = self.world.task(self.split, task_id)
+        self.world.check_sites()
         episode = f"w{uuid.uuid4().hex[:16]}"
         try:
             self.world.sites.open_episode(episode, config.get("site_seed"))
