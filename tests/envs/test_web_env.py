@@ -134,6 +134,20 @@ def test_pixel_view_gives_a_png(world):
     assert WebEnv(world).picture() is None
 
 
+def test_a_confined_policy_allows_the_episode_path_only():
+    from rlfactory.envs.web.browser.policy import OriginPolicy
+
+    p = OriginPolicy.of(["http://127.0.0.1:8001/e/a/"], confine_paths=True)
+    for url in ("http://127.0.0.1:8001/e/a/shop/p/3?x=1", "HTTP://127.0.0.1:8001/e/a/", "about:blank",
+                "http://127.0.0.1:8001/favicon.ico"):
+        assert p.allows(url), url
+    for url in ("http://127.0.0.1:8001/e/b/shop/", "http://127.0.0.1:8001/e/ab/shop", "http://127.0.0.1:8001/health",
+                "http://127.0.0.1:8002/e/a/shop", "http://127.0.0.1:8001/e/a%2F..%2Fb/shop"):
+        assert not p.allows(url), url
+    assert "http://127.0.0.1:8001/e/a/" in p.refusal("/e/b/", base="http://127.0.0.1:8001/e/a/shop")
+    assert OriginPolicy.of(["http://127.0.0.1:8001/e/a/"]).allows("http://127.0.0.1:8001/e/b/")  # paths: opt-in
+
+
 def test_find_element_reads_ids_from_an_observation():
     obs = "Tab 0 (current): Shop\nURL: http://x/\n[1] banner\n\t[7] link 'Bob's shop'\n\t[9] searchbox 'Search' focused"
     assert find_element(obs, "link", "Bob's  shop") == "7" and find_element(obs, "searchbox", "Search") == "9"
