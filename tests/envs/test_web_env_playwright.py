@@ -1,7 +1,8 @@
 """The web environment with the official Playwright MCP server as its browser (mcp_configs/web_playwright_env.json):
 our server opens the task's site state and scores it (`--browser none`), `@playwright/mcp` browses behind our
 server's origin proxy; one episode played through rlfactory's ToolManager over both (navigate, type and click by the
-snapshot's refs, evaluate) scores 1, and another episode's pages are refused.
+snapshot's refs, evaluate) scores 1, the final URL read by our gate from the browser's own requests, and another
+episode's pages are refused.
 
 Never downloads: `@playwright/mcp` is found where `make install` puts it (`<venv>/playwright-mcp`, or
 RLFACTORY_PLAYWRIGHT_MCP_DIR) and run with npm offline; the test skips, saying why, without it or Node.js 20+.
@@ -102,10 +103,13 @@ async def test_an_episode_through_playwright_mcp_scores_one(tmp_path):
         r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": other}))
         assert "403" in r.text, r.text
         scored = await tm.call(ToolCall(name="web.evaluate", arguments={
-            "answer": steps[2]["answer"], "final_url": final_url, "episode_id": "e1"}))
+            "answer": steps[2]["answer"], "episode_id": "e1"}))
         assert not scored.is_error, scored.text
         assert scored.structured["done"] and scored.structured["score"] == 1.0
+        # No final_url given: the last page the gate saw the browser load (the refused one is no page of it).
+        assert f"(final URL {final_url})" in scored.text
         wrong = await tm.call(ToolCall(name="web.reset", arguments={"task_id": 0, "episode_id": "e1"}))
-        scored = await tm.call(ToolCall(name="web.evaluate", arguments={"answer": "no idea", "episode_id": "e1"}))
+        scored = await tm.call(ToolCall(name="web.evaluate", arguments={"answer": "no idea", "final_url": final_url,
+                                                                        "episode_id": "e1"}))
         assert not wrong.is_error and scored.structured["score"] == 0.0
         await tm.call(ToolCall(name="web.close", arguments={"episode_id": "e1"}))

@@ -4,9 +4,10 @@ URL; `evaluate(answer, final_url)` scores it on the episode's pages and database
 such a browser is pointed at (`--proxy-server`), letting through only the open episodes' paths.
 
 The browser and the policy between the two calls are not ours: the final URL is the caller's to give (a Playwright
-snapshot says `Page URL: ...`). Left out: reading the final URL from the sites' own request log (they keep none),
-and per-episode containment between episodes open at once behind one gate (a shared browser could reach any open
-episode's path; give each browser server one episode at a time, `max_concurrency: 1`).
+snapshot says `Page URL: ...`), else the last page the gate saw the browser load in the episode (a request with
+`Sec-Fetch-Dest: document`). Left out: a page shown again from the browser's cache (back/forward) is not seen by
+the gate, and per-episode containment between episodes open at once behind one gate (a shared browser could reach
+any open episode's path; give each browser server one episode at a time, `max_concurrency: 1`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from rlfactory.envs.web.tasks.evaluator import fill
 logger = logging.getLogger(__name__)
 
 EVALUATE_DOC = ("Score this episode's task: `answer` is your answer if the task asks a question (else empty), "
-                "`final_url` the URL of the page the browser shows at the end. Ends the episode.")
+                "`final_url` the URL of the page the browser shows at the end (empty: the last page it loaded). "
+                "Ends the episode.")
 
 
 class SitesGate:
@@ -34,6 +36,8 @@ class SitesGate:
         self.world = world
         self.open: set[str] = set()
         self.refusals: list[str] = []
+        self.last_page: dict[str, str] = {}
+        """Per open episode, the last page the browser loaded in it."""
         self._lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="sites-gate")
@@ -41,6 +45,14 @@ class SitesGate:
         self.proxy = asyncio.run_coroutine_threadsafe(
             OriginProxy(self._policy(), self._note).start(port), self.loop).result(30)
         self.url = self.proxy.url
+        self.proxy.on_forward = self._seen
+
+    def _seen(self, method: str, url: str, headers: bytes) -> None:
+        if method != "GET" or b"sec-fetch-dest: document" not in headers.lower():
+            return  # a form's POST redirects to the page it shows; subresources are no page
+        for episode in list(self.open):
+            if url.startswith(self.world.sites.episode_prefix(episode)):
+                self.last_page[episode] = url
 
     def _note(self, why: str) -> None:
         logger.info("sites gate refused: %s", why)
@@ -60,6 +72,7 @@ class SitesGate:
     def dismiss(self, episode: str) -> None:
         with self._lock:
             self.open.discard(episode)
+            self.last_page.pop(episode, None)
             self.proxy.policy = self._policy()
 
     def close(self) -> None:
@@ -81,7 +94,7 @@ class WebTaskEnv:
         self.done = False
         self.score = 0.0
         self.parts: dict[str, float] = {}
-        self.start_url = ""
+        self.start_url = self.final_url = ""
 
     @property
     def task_id(self) -> int | None:
@@ -110,10 +123,14 @@ class WebTaskEnv:
         if self.config is None or self.episode is None:
             raise EnvError("No task: call reset(task_id) first.")
         if not self.done:
-            scored = self.world.evaluate(self.episode, self.config, answer, final_url or self.start_url)
-            self.done, self.score, self.parts = True, scored.score, scored.parts
-        return StepResult(observation=f"Scored {self.score:g}.", reward=self.score, score=self.score, done=True,
-                          info={"answer": answer, "final_url": final_url, "parts": self.parts})
+            if not final_url:
+                seen = self.gate.last_page.get(self.episode) if self.gate is not None else None
+                final_url = seen or self.start_url
+            scored = self.world.evaluate(self.episode, self.config, answer, final_url)
+            self.done, self.score, self.parts, self.final_url = True, scored.score, scored.parts, final_url
+        return StepResult(observation=f"Scored {self.score:g} (final URL {self.final_url}).", reward=self.score,
+                          score=self.score, done=True, info={"answer": answer, "final_url": self.final_url,
+                                                             "parts": self.parts})
 
     def step(self, action: str) -> StepResult:
         raise EnvError("this server has no browser: browse with the browser server's tools, then call "

@@ -48,6 +48,9 @@ class OriginProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.url = ""
+        self.on_forward: Callable[[str, str, bytes], None] | None = None
+        """Called with (method, absolute URL, request header bytes) of each request let through (the web
+        environment's gate learns a foreign browser's last page from it)."""
 
     async def start(self, port: int = 0) -> OriginProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", port, limit=MAX_HEAD_BYTES)
@@ -110,6 +113,8 @@ class OriginProxy:
         upstream_w.write(f"{method} {path} {version}\r\n".encode("latin-1") + b"\r\n".join(headers)
                          + b"\r\nConnection: close\r\n\r\n")
         self.forwarded += 1
+        if self.on_forward is not None:
+            self.on_forward(method, target, rest)
         await _pipe_both(reader, writer, upstream_r, upstream_w, screen=lambda head: self._screen(target, head))
 
     def _screen(self, url: str, head: bytes) -> bytes | None:
