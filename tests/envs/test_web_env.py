@@ -123,6 +123,30 @@ def test_sites_that_are_down_are_an_infrastructure_failure(tmp_path):
         env.close()
 
 
+def test_state_key_is_equal_for_equal_states(world):
+    a, b = WebEnv(world), WebEnv(world)
+    try:
+        assert a.state_key() is None
+        first = a.reset(0).observation
+        b.reset(0)
+        assert a.state_key() == b.state_key() and a.episode != b.episode
+        go = f"click [{find_element(first, 'link', 'Hoodies')}]"
+        a.step(go)
+        assert a.state_key() != b.state_key()
+        b.step(go)
+        assert a.state_key() == b.state_key()
+        twin = a.fork()
+        try:
+            assert twin.state_key() == a.state_key()
+        finally:
+            twin.close()
+        b.reset(3)
+        assert a.state_key() != b.state_key()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_pixel_view_gives_a_png(world):
     env = WebEnv(world, view="pixels")
     try:

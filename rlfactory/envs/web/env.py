@@ -12,12 +12,17 @@ browser process and the task list.
 - `fork()`: the sites' databases and the browser context both copied into a new episode (forks share nothing).
 - `picture()`: a screenshot PNG of the tab with `view="pixels"` (the server shows it after each result's text).
 A browser, site or evaluator failure is an `EnvError` with `infra=True`, never an observation.
-Left out: `state_key` (equal states would need the databases' contents hashed every step).
+`state_key()`: the task, whether it ended, the page as observed (ids, notes and the episode's own path left out)
+and a hash of the episode's database files: equal for equal states reached the same way; states that are equal but
+whose databases were written differently (another number of transactions, a timestamp) get different keys.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import re
 import uuid
 from itertools import zip_longest
 from pathlib import Path
@@ -30,12 +35,14 @@ from rlfactory.envs.web.browser.host import BrowserEnv, BrowserHost
 from rlfactory.envs.web.browser.observation import DEFAULT_MAX_CHARS
 from rlfactory.envs.web.browser.policy import OriginPolicy
 from rlfactory.envs.web.sites.server import WebSites
+from rlfactory.envs.web.sites.store import SITES
 from rlfactory.envs.web.tasks.build import build_tasks
 from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "heldout")
+_IDS = re.compile(r"\[\d+\] ")
 VIEWS = ("text", "pixels")
 DEFAULT_MAX_STEPS = 30
 
@@ -142,6 +149,8 @@ class WebEnv:
         self.done = False
         self.score = 0.0
         self.url = ""
+        self.page = ""
+        """The last observation of the page (what `state_key` reads)."""
 
     @property
     def task_id(self) -> int | None:
@@ -163,6 +172,7 @@ class WebEnv:
         self.url = fill(config["start_url"], self.world.sites.placeholders(episode))
         self.browser = BrowserEnv(self.world.host, max_chars=self.max_chars)
         first = self.browser.open(self.url, self._policy_urls(episode), confine_paths=True)
+        self.page = first.observation
         return StepResult(observation=f"Task: {config['intent']}\n\n{first.observation}",
                           info=self._info())
 
@@ -185,6 +195,7 @@ class WebEnv:
         self.world.check_sites()  # a page the dead site server did not serve is not an observation
         self.steps += 1
         self.url = result.info.get("url", self.url)
+        self.page = result.observation
         if result.done:
             return self._finish(result.observation, result.info.get("answer"))
         if self.steps >= self.max_steps:
@@ -201,6 +212,16 @@ class WebEnv:
 
     def observe(self) -> str:
         return self._live().observe()
+
+    def state_key(self) -> str | None:
+        if self.config is None or self.episode is None:
+            return None
+        page = _IDS.sub("", self.page).replace(self.world.sites.episode_prefix(self.episode), "/e/-/")
+        page = "\n".join(line for line in page.splitlines() if not line.startswith("Note: "))
+        databases = hashlib.blake2b(digest_size=16)
+        for site in SITES:
+            databases.update(self.world.sites.store.path(self.episode, site).read_bytes())
+        return json.dumps([self.split, self.config["task_id"], self.done, page, databases.hexdigest()])
 
     def picture(self) -> bytes | None:
         """The tab's visible part as a PNG with the pixel view; None with the text view or before a task."""
@@ -230,6 +251,7 @@ class WebEnv:
         twin.episode, twin.config, twin.steps, twin.done, twin.score = dst, self.config, self.steps, self.done, \
             self.score
         twin.url = self.url.replace(src_prefix, dst_prefix, 1)
+        twin.page = self.page.replace(src_prefix, dst_prefix)
         return twin
 
     def close(self) -> None:
