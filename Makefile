@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev,envs,trackers,docs]"
 	touch $(STAMP)
 
-# The official Playwright MCP server (mcp_configs/web_playwright.json), installed where its test finds it without
+# The official Playwright MCP server (mcp_configs/playwright.json), installed where its test finds it without
 # downloading (tests/envs/test_web_playwright_mcp.py runs npx there, offline); without npm the test is skipped.
 PLAYWRIGHT_MCP_VERSION ?= 0.0.86
 PW_MCP_STAMP := $(VENV)/playwright-mcp/.installed-$(PLAYWRIGHT_MCP_VERSION)

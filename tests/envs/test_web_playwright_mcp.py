@@ -1,5 +1,5 @@
 """The official Playwright MCP server (`npx @playwright/mcp@0.0.86`), unchanged, as listed in
-mcp_configs/web_playwright.json, driven through rlfactory's tool layer (ToolManager over the MCP client adapter) against
+mcp_configs/playwright.json, driven through rlfactory's tool layer (ToolManager over the MCP client adapter) against
 the real probe site: its tools listed, navigate, snapshot, click, and another origin refused with --allowed-origins;
 and the same server contained for real by our origin proxy (`--proxy-server`), which also stops a redirect out.
 
@@ -62,7 +62,7 @@ def ref_of(snapshot: str, role: str, name: str) -> str:
 
 
 async def test_official_playwright_mcp_through_our_tool_layer(sites, tmp_path):
-    cfg = load_mcp_config(REPO / "mcp_configs" / "web_playwright.json")["playwright"]
+    cfg = load_mcp_config(REPO / "mcp_configs" / "playwright.json")["playwright"]
     assert cfg.args[0] == f"@playwright/mcp@{VERSION}" and "--isolated" in cfg.args and "--headless" in cfg.args
     # The shipped entry, run where the package is installed and offline; its origin rule and output folder added.
     cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
@@ -92,7 +92,7 @@ async def test_official_playwright_mcp_contained_by_our_proxy(sites, tmp_path):
 
     notes: list[str] = []
     proxy = await OriginProxy(OriginPolicy.of([sites.url]), notes.append).start()
-    cfg = load_mcp_config(REPO / "mcp_configs" / "web_playwright.json")["playwright"]
+    cfg = load_mcp_config(REPO / "mcp_configs" / "playwright.json")["playwright"]
     cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
                               args=(*cfg.args, "--proxy-server", proxy.url, "--output-dir", str(tmp_path)))
     try:
