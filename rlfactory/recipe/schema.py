@@ -27,7 +27,7 @@ from rlfactory.recipe.sft import SFTConfig
 from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.recipe.training import (
     BUILTIN_TOKENIZERS,
-    TINY_RANDOM_MODEL,
+    TINY_RANDOM_MODELS,
     AlgorithmConfig,
     DataConfig,
     ModelConfig,
@@ -105,7 +105,7 @@ class Recipe(Section):
         return recipe
 
     def _resolve_paths(self) -> None:
-        if self.model.path != TINY_RANDOM_MODEL:
+        if self.model.path not in TINY_RANDOM_MODELS:
             self.model.path = resolve_model_path(self.model.path, self._base_dir)
         if self.tokenizer.path and self.tokenizer.path not in BUILTIN_TOKENIZERS:
             self.tokenizer.path = resolve_model_path(self.tokenizer.path, self._base_dir)
