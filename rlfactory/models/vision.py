@@ -20,12 +20,13 @@ import json
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlfactory.tools.images import open_rgb
 from rlfactory.tools.types import ToolImage
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: a chat format of a text policy never needs it
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class VisionProcessor:
 
     def pixel_inputs(self, images: list[ToolImage]) -> tuple[torch.Tensor, torch.Tensor]:
         """`pixel_values` [patches, C*T*P*P] and `image_grid_thw` [n, 3] for `images`, in order."""
+        import torch
+
         parts = [self._processed(im) for im in images]
         return (torch.cat([p for p, _ in parts]),
                 torch.tensor([g for _, g in parts], dtype=torch.long))
@@ -105,6 +108,8 @@ def mrope_positions(ids: list[int], grids: list[tuple[int, int, int]], image_tok
     gives them for images: text tokens count on from the last position; an image's tokens take (t, row, column)
     offsets from where the image starts, and the text after it goes on from there plus the image's larger side.
     `grids[k]` is the k-th image's (t, h, w) patch grid, in order of its run of `image_token_id` tokens."""
+    import torch
+
     out = torch.empty((3, len(ids)), dtype=torch.long)
     cur, i, k, n = 0, 0, 0, len(ids)
     while i < n:
