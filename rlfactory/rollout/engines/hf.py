@@ -383,6 +383,8 @@ class HFEngine:
         self.stats.decode_s += time.perf_counter() - t0
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        if self.vision is not None:  # a policy never emits an image: a placeholder it sampled would have no pixels
+            logits[:, self.vision.image_token_id] = float("-inf")
         tokens, logprobs = self._sampler(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         for r, tok, lp in zip(reqs, tokens, logprobs):
             r.out_ids.append(tok)
