@@ -1,7 +1,8 @@
 """A test MCP server whose tools return images, good and bad on purpose: a PNG with text, several images, a large
 noise PNG, decompression bombs (PNG headers claiming
 10,000 or 50,000 pixels square), a truncated PNG, a TIFF (a format
-rlfactory does not take), and bytes that are no image at all.
+rlfactory does not take), bytes that are no image at all, and a 1 x 305 strip (valid, but too thin for a vision
+processor).
 
 Run: `python image_toolbox.py` (stdio).
 """
@@ -34,6 +35,12 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 def square(size: int, shade: int = 0) -> list:
     """A grey square of `size` pixels, after a line of text."""
     return [f"a {size}x{size} square", Image(data=_png(PILImage.new("L", (size, size), shade)), format="png")]
+
+
+@app.tool(annotations=PURE)
+def strip() -> Image:
+    """A white 1 x 305 strip: a valid PNG that vision processors refuse (aspect ratio over 200)."""
+    return Image(data=_png(PILImage.new("L", (1, 305), 255)), format="png")
 
 
 @app.tool(annotations=PURE)
