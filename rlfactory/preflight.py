@@ -23,7 +23,8 @@ from rlfactory.errors import ConfigError
 from rlfactory.models.folder import read_model_config
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
-from rlfactory.recipe.schema import Recipe, cross_field_problems
+from rlfactory.models.vision import VL_MODEL_TYPES
+from rlfactory.recipe.schema import Recipe, cross_field_problems, vl_engine_problems
 from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS
 from rlfactory.report.trackers import missing_packages
 from rlfactory.reward import load_reward_functions
@@ -163,6 +164,8 @@ def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: lis
         config, problem = read_model_config(model_dir)
         if problem is not None:
             errors.append(f"model.path: {problem}")
+        elif config.get("model_type") in VL_MODEL_TYPES and (vl := vl_engine_problems(r, str(model_dir))):
+            errors.extend(vl)
         elif isinstance(limit := config.get("max_position_embeddings"), int) and r.rollout.max_context_tokens > limit:
             errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
                           f"model's max_position_embeddings ({limit}) in {model_dir / 'config.json'}")
