@@ -8,8 +8,9 @@ policy's template, and records on the Trajectory.
 Each shown image is recorded (`TrajectoryImage`: bytes as base64, sha256, where its placeholder tokens start, how
 many) once per trajectory, so saved trajectories hold what the policy saw while the token arrays hold only ids.
 
-A task row's `images` (shown in its first user turn): a list of image files (paths relative to the working folder)
-or `{"data_b64": ..., "mime_type": ...}` objects, each checked like a tool's (tools/images.py).
+A task's `images` (or its row's, `task["metadata"]["images"]`; shown in its first user turn): a list of image files
+(`data/tasks.py` resolves them against the data file's folder) or `{"data_b64": ..., "mime_type": ...}` objects, each
+checked like a tool's (tools/images.py).
 Left out: images inside the policy's own output, and videos.
 """
 from __future__ import annotations
@@ -82,7 +83,7 @@ def records(ids: list[int], offset: int, images: list[ToolImage], chat: ChatForm
 
 def task_images(task: dict[str, Any], limits: ImageLimits | None = None) -> list[ToolImage]:
     """The checked images of a task row's `images` (empty when it has none); raises ValueError naming the bad one."""
-    raw = task.get("images") or []
+    raw = task.get("images") or (task.get("metadata") or {}).get("images") or []
     if not isinstance(raw, list):
         raise ValueError(f"task {task.get('id')!r}: `images` must be a list of image files or "
                          f"{{data_b64, mime_type}} objects")
