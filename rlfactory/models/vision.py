@@ -20,15 +20,33 @@ import json
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from rlfactory.tools.images import open_rgb
-from rlfactory.tools.types import ToolImage
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: a chat format of a text policy never needs it
     import torch
 
 logger = logging.getLogger(__name__)
+
+
+class Picture(Protocol):
+    """An image as this module needs it: a checked image's base64 bytes and their sha256 (`tools.types.ToolImage`,
+    which sits later on the data path than models/)."""
+
+    @property
+    def data_b64(self) -> str: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+
+def _rgb(image: Picture) -> Any:
+    import base64
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(image.data_b64))) as img:
+        return img.convert("RGB")
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
@@ -53,12 +71,12 @@ class VisionProcessor:
                                                                          ids[IMAGE_PAD])
         self._cache: OrderedDict[str, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
 
-    def _processed(self, image: ToolImage) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def _processed(self, image: Picture) -> tuple[torch.Tensor, tuple[int, int, int]]:
         hit = self._cache.get(image.sha256)
         if hit is not None:
             self._cache.move_to_end(image.sha256)
             return hit
-        out = self.image_processor(images=[open_rgb(image)], return_tensors="pt")
+        out = self.image_processor(images=[_rgb(image)], return_tensors="pt")
         grid = tuple(int(x) for x in out["image_grid_thw"][0])
         entry = (out["pixel_values"], grid)
         self._cache[image.sha256] = entry  # type: ignore[assignment]
@@ -66,17 +84,17 @@ class VisionProcessor:
             self._cache.popitem(last=False)
         return entry  # type: ignore[return-value]
 
-    def grid(self, image: ToolImage) -> tuple[int, int, int]:
+    def grid(self, image: Picture) -> tuple[int, int, int]:
         """The image's (t, h, w) patch grid; raises ValueError for an image the processor refuses (e.g. an aspect
         ratio over 200)."""
         return self._processed(image)[1]
 
-    def num_tokens(self, image: ToolImage) -> int:
+    def num_tokens(self, image: Picture) -> int:
         """`<|image_pad|>` tokens the image takes in the prompt."""
         t, h, w = self.grid(image)
         return t * h * w // (self.merge_size ** 2)
 
-    def pixel_inputs(self, images: list[ToolImage]) -> tuple[torch.Tensor, torch.Tensor]:
+    def pixel_inputs(self, images: list[Picture]) -> tuple[torch.Tensor, torch.Tensor]:
         """`pixel_values` [patches, C*T*P*P] and `image_grid_thw` [n, 3] for `images`, in order."""
         import torch
 

@@ -78,13 +78,3 @@ def decode_image(data_b64: str, claimed_mime: str, limits: ImageLimits) -> ToolI
     return ToolImage(mime_type=ALLOWED_FORMATS[fmt], data_b64=data_b64, width=width, height=height,
                      sha256=hashlib.sha256(raw).hexdigest())
 
-
-def image_bytes(image: ToolImage) -> bytes:
-    """The decoded bytes of a checked image."""
-    return base64.b64decode(image.data_b64)
-
-
-def open_rgb(image: ToolImage) -> Image.Image:
-    """A checked image as an RGB PIL image (what vision processors take)."""
-    with Image.open(io.BytesIO(image_bytes(image))) as img:
-        return img.convert("RGB")

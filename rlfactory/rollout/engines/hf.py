@@ -45,7 +45,7 @@ from rlfactory.models.precision import autocast
 from rlfactory.models.vision import VisionProcessor, is_vision_model
 from rlfactory.rollout.engines import hf_vision
 from rlfactory.rollout.engines.hf_kv import BatchKV
-from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
+from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV, shared_past
 from rlfactory.rollout.engines.hf_request import (
     EngineStats,
     Request,
@@ -281,9 +281,8 @@ class HFEngine:
             while self._pending and active + len(taken) < self.max_batch_size:
                 req = self._pending[0]
                 if key is not None and req.past is None:
-                    req.past = self._parked.take(req.match_ids, key) or _shared_past(taken, req.match_ids)
-                    if req.past is not None and hf_vision.splits_an_image(req.vision, len(req.past.tokens)):
-                        req.past = None
+                    req.past = hf_vision.usable_past(
+                        self._parked.take(req.match_ids, key) or shared_past(taken, req.match_ids), req.vision)
                 longest = max(new_tokens(r) for r in taken + [req])
                 if taken and longest * (len(taken) + 1) > budget:
                     break  # prefill cost is padded length x rows; the rest join at the next step
@@ -424,9 +423,3 @@ class HFEngine:
             return rows
         return [rows[i] for i in batch.compact(keep)]
 
-
-def _shared_past(taken: list[Request], prompt: list[int]) -> Parked | None:
-    """A parked entry another request of this admission took that `prompt` continues too (the branches of a
-    branched group ask for their root's conversation at once: its keys/values are read, never written, so they
-    serve every branch)."""
-    return next((r.past for r in taken if r.past is not None and r.past.continued_by(prompt)), None)

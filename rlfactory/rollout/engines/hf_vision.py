@@ -97,9 +97,12 @@ def forward_inputs(visions: list[VisionRequest | None], positions: torch.Tensor,
     return out
 
 
-def splits_an_image(vis: VisionRequest | None, at: int) -> bool:
-    """Whether prompt index `at` falls inside an image's placeholder run (a prefix ending there cannot be reused)."""
-    return vis is not None and any(s < at < s + n for s, n in zip(vis.starts, vis.tokens))
+def usable_past(past: Any, vis: VisionRequest | None) -> Any:
+    """`past` (a parked prefix, or None), unless it ends inside one of the prompt's images (then None)."""
+    if past is None or vis is None:
+        return past
+    at = len(past.tokens)
+    return None if any(s < at < s + n for s, n in zip(vis.starts, vis.tokens)) else past
 
 
 def decode_positions(positions: torch.Tensor, deltas: list[int]) -> torch.Tensor:
