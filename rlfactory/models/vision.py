@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -53,8 +54,9 @@ VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 VL_MODEL_TYPES = ("qwen3_vl", "qwen2_5_vl")
 """`config.model_type`s loaded as vision-language policies."""
-_PIXEL_CACHE_IMAGES = 256
-"""Processed images kept per processor (by sha256): a GRPO group's samples and every turn re-read the same ones."""
+PIXEL_CACHE_BYTES = 64 * 2**20
+"""Pixel tensors kept per processor (by sha256; the least recently used go first): a GRPO group's samples and every
+turn re-read the same images, and memory stays bounded whatever the images."""
 
 
 class VisionProcessor:
@@ -70,18 +72,24 @@ class VisionProcessor:
         self.vision_start_id, self.vision_end_id, self.image_token_id = (ids[VISION_START], ids[VISION_END],
                                                                          ids[IMAGE_PAD])
         self._cache: OrderedDict[str, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._cached_bytes = 0
 
     def _processed(self, image: Picture) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        hit = self._cache.get(image.sha256)
-        if hit is not None:
-            self._cache.move_to_end(image.sha256)
-            return hit
+        with self._lock:  # the event loop (grids) and the engine's worker thread (pixels) share the cache
+            hit = self._cache.get(image.sha256)
+            if hit is not None:
+                self._cache.move_to_end(image.sha256)
+                return hit
         out = self.image_processor(images=[_rgb(image)], return_tensors="pt")
-        grid = tuple(int(x) for x in out["image_grid_thw"][0])
-        entry = (out["pixel_values"], grid)
-        self._cache[image.sha256] = entry  # type: ignore[assignment]
-        if len(self._cache) > _PIXEL_CACHE_IMAGES:
-            self._cache.popitem(last=False)
+        entry = (out["pixel_values"], tuple(int(x) for x in out["image_grid_thw"][0]))
+        with self._lock:
+            if image.sha256 not in self._cache:
+                self._cache[image.sha256] = entry  # type: ignore[assignment]
+                self._cached_bytes += entry[0].numel() * entry[0].element_size()
+            while self._cached_bytes > PIXEL_CACHE_BYTES and len(self._cache) > 1:
+                _, (old, _grid) = self._cache.popitem(last=False)
+                self._cached_bytes -= old.numel() * old.element_size()
         return entry  # type: ignore[return-value]
 
     def grid(self, image: Picture) -> tuple[int, int, int]:

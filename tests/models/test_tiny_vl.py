@@ -76,3 +76,15 @@ def test_mrope_positions_match_the_models_rope_index(vl_recipe):
     with pytest.raises(ValueError, match="images given"):
         mrope_positions(ids, grids + [grids[0]], pad, vision.merge_size)
     assert image_of("7").sha256 == hashlib.sha256(render_png("7")).hexdigest()
+
+
+def test_the_pixel_cache_stays_within_its_bytes(vl_recipe, monkeypatch):
+    import rlfactory.models.vision as vision_module
+
+    vision = vision_of(load_tokenizer(vl_recipe))
+    one = vision.pixel_inputs([image_of("1")])[0]
+    monkeypatch.setattr(vision_module, "PIXEL_CACHE_BYTES", 2 * one.numel() * one.element_size())
+    for text in ("2", "3", "4", "5"):
+        vision.grid(image_of(text))
+    assert len(vision._cache) == 2 and vision._cached_bytes <= vision_module.PIXEL_CACHE_BYTES
+    assert torch.equal(vision.pixel_inputs([image_of("1")])[0], one)  # evicted, processed again: the same pixels
