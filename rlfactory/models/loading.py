@@ -24,6 +24,7 @@ from rlfactory.models.precision import resolve_compute_dtype, set_compute_dtype
 from rlfactory.models.tiny import build_tiny_qwen3, build_tiny_qwen3_vl
 from rlfactory.models.tokenizer import QWEN3_MODEL_VOCAB_SIZE, attach_chat_template, load_qwen_tokenizer
 from rlfactory.models.vision import (
+    IMAGE_PAD,
     VL_MODEL_TYPES,
     attach_vision,
     load_vision_processor,
@@ -81,6 +82,8 @@ def load_tokenizer(recipe: Recipe, model_path: str | Path | None = None) -> Any:
         attach_vision(tok, tiny_vision_processor(tok))
     elif _model_type(Path(model_path or recipe.model.path)) in VL_MODEL_TYPES:
         attach_vision(tok, load_vision_processor(Path(model_path or recipe.model.path), tok))
+        if IMAGE_PAD not in (tok.chat_template or ""):  # the folder's template (or the text one) shows no images
+            tok.chat_template = vl_chat_template()
     if recipe.tokenizer.chat_template:
         tok.chat_template = Path(recipe.tokenizer.chat_template).read_text()
     return tok

@@ -88,3 +88,36 @@ def test_the_pixel_cache_stays_within_its_bytes(vl_recipe, monkeypatch):
         vision.grid(image_of(text))
     assert len(vision._cache) == 2 and vision._cached_bytes <= vision_module.PIXEL_CACHE_BYTES
     assert torch.equal(vision.pixel_inputs([image_of("1")])[0], one)  # evicted, processed again: the same pixels
+
+
+async def test_a_qwen3_vl_model_folder_loads_with_its_processor_and_generates_with_pictures(vl_recipe, tmp_path):
+    """`model.path` to a local Qwen3-VL folder (config, weights, tokenizer, preprocessor_config.json), as a user
+    points at a downloaded checkpoint: loaded offline, its image processor read from the folder."""
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.rollout.engines.hf import HFEngine
+    from rlfactory.rollout.engines.protocol import SamplingParams
+    from rlfactory.rollout.images import prompt_with_images
+
+    tok = load_tokenizer(vl_recipe)
+    model = load_policy(vl_recipe, "cpu")
+    folder = tmp_path / "qwen3-vl-tiny"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    vision_of(tok).image_processor.save_pretrained(folder)
+    recipe = vl_recipe.model_copy(update={"model": vl_recipe.model.model_copy(update={"path": str(folder)})})
+    loaded_tok, loaded = load_tokenizer(recipe), load_policy(recipe, "cpu")
+    assert is_vision_model(loaded) and vision_of(loaded_tok) is not None
+    assert "<|image_pad|>" in loaded_tok.chat_template
+    chat = ChatFormat(loaded_tok)
+    task = {"prompt": "What number?", "images": [{"data_b64": image_of("42").data_b64}]}
+    messages, shown = prompt_with_images(chat, chat.prompt_messages(task["prompt"]), task)
+    ids = chat.prompt_ids(messages, shown)
+    assert chat.vision.num_tokens(shown[0]) == vision_of(tok).num_tokens(shown[0])
+    outs = []
+    for m, v in ((model, vision_of(tok)), (loaded, chat.vision)):
+        engine = HFEngine(m, pad_token_id=151643, eos_token_ids=[], vision=v)
+        try:
+            outs.append(await engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=6), images=shown))
+        finally:
+            await engine.close()
+    assert outs[0].token_ids == outs[1].token_ids  # the folder holds the same policy
