@@ -132,3 +132,41 @@ async def test_a_text_only_policy_refuses_images(vl, tiny_qwen3):
         assert len((await engine.generate(ids, GREEDY)).token_ids) == 12  # the engine goes on serving
     finally:
         await engine.close()
+
+
+async def test_a_tiny_qwen2_5_vl_goes_through_the_same_path(qwen_tokenizer):
+    """Qwen2.5-VL (14-pixel patches, windowed vision attention, its own rope index) with its own processor
+    settings: our mRoPE positions equal its `get_rope_index`, and the engine's logprobs its own forward's."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    from rlfactory.models.vision import VisionProcessor, mrope_positions
+
+    tok = copy.copy(qwen_tokenizer)
+    tok.chat_template = vl_chat_template()
+    processor = Qwen2VLImageProcessorPil(patch_size=14, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3, size={"shortest_edge": 28 * 28,
+                                                                    "longest_edge": 28 * 28 * 64})
+    vision = attach_vision(tok, VisionProcessor(processor, tok)).rlfactory_vision
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, window_size=112,
+                           fullatt_block_indexes=[1]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    ids, shown = prompt(ChatFormat(tok), "Add them.", [picture("123456", 2), picture("7", 4)])
+    grids = [vision.grid(im) for im in shown]
+    seq = torch.tensor([ids])
+    theirs, _ = model.model.get_rope_index(seq, mm_token_type_ids=(seq == vision.image_token_id).int(),
+                                           image_grid_thw=torch.tensor(grids))
+    assert torch.equal(mrope_positions(ids, grids, vision.image_token_id, 2), theirs[:, 0]) and grids[0] != grids[1]
+    engine = HFEngine(model, pad_token_id=PAD, eos_token_ids=[], vision=vision)
+    try:
+        out = await engine.generate(ids, SamplingParams(temperature=0.8, max_new_tokens=8, seed=1), images=shown)
+    finally:
+        await engine.close()
+    want = model_logprobs(model, vision, ids, out.token_ids, shown, 0.8)
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
