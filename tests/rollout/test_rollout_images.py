@@ -98,6 +98,10 @@ async def test_a_vl_policy_sees_the_good_image(vl_tok, tmp_path):
     assert full[image.start:image.start + image.tokens] == [chat.vision.image_token_id] * image.tokens
     saved = type(traj).model_validate_json(traj.model_dump_json())  # saved trajectories keep what the tool returned
     assert saved.images[0].data_b64 == image.data_b64
+    from rlfactory.rollout.metrics import rollout_metrics
+
+    m = rollout_metrics([traj, traj.model_copy(update={"images": []})])
+    assert m["rollout/images_mean"] == 0.5 and m["rollout/image_tokens_mean"] == image.tokens / 2
 
 
 async def test_a_bad_prompt_image_is_an_error_trajectory_not_a_crash(vl_tok, tmp_path):
