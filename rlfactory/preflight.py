@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from rlfactory.errors import ConfigError
 from rlfactory.models.folder import read_model_config
+from rlfactory.models.vision import VL_MODEL_TYPES
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
-from rlfactory.models.vision import VL_MODEL_TYPES
 from rlfactory.recipe.schema import Recipe, cross_field_problems, vl_engine_problems
 from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS
 from rlfactory.report.trackers import missing_packages

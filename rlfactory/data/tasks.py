@@ -3,8 +3,8 @@ whose position is part of a checkpoint (so a resumed run sees the same prompts i
 
 A task is `{"id", "prompt", "answer", "metadata", "system_prompt"?}`: `prompt` is a string or chat messages,
 `metadata` holds the row's other fields (or `data.metadata_fields`); a row's `images` (picture files, shown in
-its first user turn: rollout/images.py) are resolved against the data file's folder. Left out: streaming datasets, shuffling
-buffers, curriculum ordering.
+its first user turn: rollout/images.py) are resolved against the data file's folder.
+Left out: streaming datasets, shuffling buffers, curriculum ordering.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`rollout_metrics`: the `rollout/*` metrics of a batch of trajectories (turns, finish reasons, errors, tokens, tool
-calls, timings, what a branched group's branches shared, and the images a vision-language policy saw). Left out: the tool servers' own counters (`tools/*`,
-the ToolManager's) and rewards (`reward/*`, the RewardSet's)."""
+calls, timings, what a branched group's branches shared, and the images a vision-language policy saw). Left out: the
+tool servers' own counters (`tools/*`, the ToolManager's) and rewards (`reward/*`, the RewardSet's)."""
 from __future__ import annotations
 
 from collections import Counter

@@ -24,7 +24,8 @@ LATENCY_QUANTILES = (50, 90, 99)
 def empty_counters() -> dict[str, Any]:
     """Zeroed counters in the shape of `ToolManager.counters()`."""
     return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "infra_errors": 0, "retried": 0, "restarts": 0,
-            "images": 0, "image_bytes": 0, "error_kinds": Counter(), "per_server": {}, "latency_hist": [0] * (len(LATENCY_BUCKETS_S) + 1)}
+            "images": 0, "image_bytes": 0, "error_kinds": Counter(), "per_server": {},
+            "latency_hist": [0] * (len(LATENCY_BUCKETS_S) + 1)}
 
 
 def latency_quantile(hist: list[int], q: float) -> float:

@@ -25,7 +25,8 @@ def image_of(text: str, scale: int = 3) -> ToolImage:
 def vl_recipe(tmp_path_factory) -> Recipe:
     root = tmp_path_factory.mktemp("vl")
     (root / "train.jsonl").write_text('{"prompt": "hi", "answer": "1"}\n')
-    return Recipe.model_validate({"model": {"path": "tiny-random-vl"}, "data": {"train_file": str(root / "train.jsonl")}})
+    return Recipe.model_validate({"model": {"path": "tiny-random-vl"},
+                                  "data": {"train_file": str(root / "train.jsonl")}})
 
 
 def test_tiny_random_vl_builds_offline_with_its_processor(vl_recipe, qwen_tokenizer):

@@ -105,6 +105,7 @@ async def test_a_vl_policy_sees_the_good_image(vl_tok, tmp_path):
 
 
 async def test_a_bad_prompt_image_is_an_error_trajectory_not_a_crash(vl_tok, tmp_path):
-    task = {"prompt": "What is it?", "id": "bad", "images": [{"data_b64": "bm90IGFuIGltYWdl", "mime_type": "image/png"}]}
+    task = {"prompt": "What is it?", "id": "bad",
+            "images": [{"data_b64": "bm90IGFuIGltYWdl", "mime_type": "image/png"}]}  # base64 of "not an image"
     traj, _ = await _play(vl_tok, tmp_path, build_scripted_qwen3_vl, "digits", task)
     assert traj.finish_reason == "error" and "images[0]" in traj.error and "not an image" in traj.error

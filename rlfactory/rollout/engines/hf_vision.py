@@ -81,7 +81,7 @@ def forward_inputs(visions: list[VisionRequest | None], positions: torch.Tensor,
     """The VL model's extra forward arguments for a prefill of rows whose real tokens are prompt slices `spans[i]`
     (right-aligned in `positions` [n, S], the rows' plain positions): `position_ids` [4, n, S], and the pixels of
     the images inside the slices (in row order, then token order: how the model scatters image features)."""
-    n, width = positions.shape
+    width = positions.shape[1]
     mrope = positions.unsqueeze(0).repeat(3, 1, 1)  # padding columns keep their (ignored) plain positions
     images: list[ToolImage] = []
     for i, (vis, (start, stop)) in enumerate(zip(visions, spans)):

@@ -123,7 +123,7 @@ async def test_a_group_shares_its_prompt_only_with_the_same_images(vl):
 
 
 async def test_a_text_only_policy_refuses_images(vl, tiny_qwen3):
-    _, tok, vision = vl
+    _, tok, _vision = vl
     ids, shown = prompt(ChatFormat(tok), "What number is this?", [picture("42")])
     engine = HFEngine(tiny_qwen3, pad_token_id=PAD, eos_token_ids=[])
     try:
