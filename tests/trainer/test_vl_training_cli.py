@@ -1,12 +1,14 @@
 """`rlfactory train` and `rlfactory rollout` with `model.path: tiny-random-vl`, as a user runs them: task rows with a
 picture, the real digits_image MCP server, two GRPO steps on the local HF engine (pixels in the rollout and in the
-update), the saved trajectories holding the image content the policy saw."""
+update), synchronous and asynchronous (a generator process), the saved trajectories holding the image content the
+policy saw."""
 from __future__ import annotations
 
 import base64
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from cli_runs import SPREAD_REWARD, rlf
 
@@ -45,12 +47,16 @@ def _setup(tmp: Path) -> Path:
     return path
 
 
-def test_tiny_random_vl_trains_and_rolls_out_with_pictures(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "asynchronous"])
+def test_tiny_random_vl_trains_and_rolls_out_with_pictures(tmp_path, staleness):
     recipe = _setup(tmp_path)
-    proc = rlf("train", str(recipe))
+    proc = rlf("train", str(recipe), "--set", f"trainer.max_staleness_steps={staleness}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert len(rows) == 2 and all(r["loss/grad_norm"] > 0 for r in rows)
+    assert all(r["rollout/images_mean"] == 1 for r in rows)  # every trajectory saw its task's picture
+    if staleness:  # the generator process ran the rollouts, the trainer's update took their pixels
+        assert max(r["async/staleness_token_max"] for r in rows) <= 1
     out = tmp_path / "trajs.jsonl"
     proc = rlf("rollout", str(recipe), "--limit", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
