@@ -118,6 +118,7 @@ def prompt_with_images(chat: ChatFormat, messages: list[dict[str, Any]], task: d
     if notes:
         text = "\n".join([*notes, text])
     out = [dict(m) for m in messages]
+    # without an image to show, plain text: a text-only template renders only string content
     out[first]["content"] = ([{"type": "image", "image": im.sha256} for im in shown]
-                             + [{"type": "text", "text": text}])
+                             + [{"type": "text", "text": text}]) if shown else text
     return out, shown

@@ -109,3 +109,21 @@ async def test_a_bad_prompt_image_is_an_error_trajectory_not_a_crash(vl_tok, tmp
             "images": [{"data_b64": "bm90IGFuIGltYWdl", "mime_type": "image/png"}]}  # base64 of "not an image"
     traj, _ = await _play(vl_tok, tmp_path, build_scripted_qwen3_vl, "digits", task)
     assert traj.finish_reason == "error" and "images[0]" in traj.error and "not an image" in traj.error
+
+
+
+def test_a_text_only_policy_reads_a_note_for_a_prompt_picture(qwen_tokenizer, vl_tok):
+    import base64
+
+    from rlfactory.envs.tools.digits_image import render_png
+    from rlfactory.rollout.images import prompt_with_images
+
+    task = {"prompt": "What number?", "images": [{"data_b64": base64.b64encode(render_png("42")).decode()}]}
+    text_chat, vl_chat = ChatFormat(qwen_tokenizer), ChatFormat(vl_tok)
+    messages, shown = prompt_with_images(text_chat, text_chat.prompt_messages(task["prompt"]), task)
+    note = "[image 45x33 image/png not shown: this model cannot see images]\nWhat number?"
+    assert shown == [] and messages[0]["content"] == note
+    ids = text_chat.prompt_ids(messages, shown)
+    assert note in text_chat.decode(ids) and vl_chat.vision.image_token_id not in ids
+    messages, shown = prompt_with_images(vl_chat, vl_chat.prompt_messages(task["prompt"]), task)
+    assert len(shown) == 1 and messages[0]["content"][0] == {"type": "image", "image": shown[0].sha256}
