@@ -21,10 +21,11 @@ from pydantic import ValidationError
 
 from rlfactory.errors import ConfigError
 from rlfactory.models.folder import read_model_config
+from rlfactory.models.vision import VL_MODEL_TYPES
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
-from rlfactory.recipe.schema import Recipe, cross_field_problems
-from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODEL, TINY_RANDOM_POSITIONS
+from rlfactory.recipe.schema import Recipe, cross_field_problems, vl_engine_problems
+from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS
 from rlfactory.report.trackers import missing_packages
 from rlfactory.reward import load_reward_functions
 from rlfactory.tools.mcp_configs import load_recipe_servers
@@ -148,13 +149,13 @@ def _check_local_vllm(r: Recipe, errors: list[str]) -> None:
 
 def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: list[str]) -> None:
     model_dir = Path(r.model.path)
-    if r.model.path == TINY_RANDOM_MODEL:
+    if r.model.path in TINY_RANDOM_MODELS:
         if r.engine == "verl":
-            errors.append("model.path: tiny-random is a local-engine option (verl's workers load a model folder); "
+            errors.append(f"model.path: {r.model.path} is a local-engine option (verl's workers load a model folder); "
                           "point model.path at a Hugging Face model folder, or use engine: local")
         if r.rollout.max_context_tokens > TINY_RANDOM_POSITIONS:
             errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
-                          f"tiny-random model's {TINY_RANDOM_POSITIONS} positions")
+                          f"{r.model.path} model's {TINY_RANDOM_POSITIONS} positions")
     elif not model_dir.is_dir():
         msg = (f"model.path: folder not found: {r.model.path} (rlfactory does not download models; put a Hugging Face "
                f"model folder there or pass --set model.path=DIR)")
@@ -163,6 +164,8 @@ def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: lis
         config, problem = read_model_config(model_dir)
         if problem is not None:
             errors.append(f"model.path: {problem}")
+        elif config.get("model_type") in VL_MODEL_TYPES and (vl := vl_engine_problems(r, str(model_dir))):
+            errors.extend(vl)
         elif isinstance(limit := config.get("max_position_embeddings"), int) and r.rollout.max_context_tokens > limit:
             errors.append(f"rollout.max_context_tokens ({r.rollout.max_context_tokens}) is larger than the "
                           f"model's max_position_embeddings ({limit}) in {model_dir / 'config.json'}")

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 from rlfactory.envs.protocol import fork_tools, takes_episode
 from rlfactory.errors import ConfigError
 from rlfactory.models.loading import pad_id_of
+from rlfactory.models.vision import vision_of
 from rlfactory.recipe.schema import Recipe
 from rlfactory.reward import RewardSet
 from rlfactory.rollout.agent_loop import AgentLoop
@@ -110,7 +111,8 @@ async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: 
             else:
                 engine = HFEngine(model, pad_token_id=pad_id_of(tokenizer), eos_token_ids=chat.stop_token_ids,
                                   max_batch_size=max(1, min(recipe.rollout.max_concurrent_trajectories, 256)),
-                                  device=device, tokenizer=tokenizer, prefix_cache=recipe.rollout.prefix_cache)
+                                  device=device, tokenizer=tokenizer, prefix_cache=recipe.rollout.prefix_cache,
+                                  vision=vision_of(tokenizer))
             loop = AgentLoop(engine, tools, chat, recipe.rollout)
             yield RolloutSide(tokenizer, chat, engine, tools, loop, rewards, cache,
                               shares_policy=recipe.rollout.engine != "vllm")

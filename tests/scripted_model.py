@@ -90,3 +90,26 @@ def build_scripted_qwen3(
                 raise ValueError(f"junk exit {text!r} is not a single token")
             head[ids[0], junk_dim] = math.log(p / stay * others) / scale
     return model.eval()
+
+
+def build_scripted_qwen3_vl(tokenizer: Any, scripts: Sequence[tuple[str, float]], **kwargs: Any) -> Any:
+    """`build_scripted_qwen3`'s chain inside a real tiny `Qwen3VLForConditionalGeneration`: its text stack takes the
+    scripted weights (the residual branches stay zeroed, so the logits still depend on the last token only, and the
+    last token of a prompt is never an image's), under a random vision tower that really runs on every image."""
+    import torch  # noqa: PLC0415
+
+    from rlfactory.models.tiny import build_tiny_qwen3_vl  # noqa: PLC0415
+
+    hidden = kwargs.get("hidden_size", 64)
+    text = build_scripted_qwen3(tokenizer, scripts, **kwargs)
+    model = build_tiny_qwen3_vl(len(tokenizer), seed=kwargs.get("seed", 0), hidden_size=hidden, num_layers=1,
+                                heads=4, kv_heads=2)
+    state = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v
+             for k, v in text.state_dict().items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("model.visual.") for k in missing):
+        raise RuntimeError(f"scripted VL weights do not fit: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            assert float(layer.self_attn.o_proj.weight.abs().sum()) == 0.0
+    return model.eval()

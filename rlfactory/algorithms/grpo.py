@@ -22,8 +22,10 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
+from rlfactory.algorithms.pixels import PixelRows
 from rlfactory.algorithms.token_logprobs import chunked_token_logprobs, dense_token_logprobs, split_lm_head
 from rlfactory.models.precision import autocast
+from rlfactory.models.vision import VisionProcessor
 from rlfactory.recipe.training import AlgorithmConfig
 from rlfactory.reward import token_level_rewards
 from rlfactory.rollout.trajectory import Trajectory
@@ -41,6 +43,7 @@ class GRPOBatch:
     token_level_rewards: torch.Tensor  # [N, T] reward on the last token of each turn / the last policy token
     index: np.ndarray  # [N] group ids (object): trajectories of one prompt share an id
     prompt_len: int  # P
+    pixels: PixelRows | None = None  # a VL policy's images and mRoPE positions (algorithms/pixels.py)
 
     def __len__(self) -> int:
         return int(self.responses.shape[0])
@@ -53,7 +56,7 @@ class GRPOBatch:
             position_ids=self.position_ids[idx], responses=self.responses[idx],
             response_mask=self.response_mask[idx], old_log_probs=self.old_log_probs[idx],
             token_level_rewards=self.token_level_rewards[idx], index=self.index[idx.numpy()],
-            prompt_len=self.prompt_len,
+            prompt_len=self.prompt_len, pixels=None if self.pixels is None else self.pixels.select(idx),
         )
 
     def compact(self) -> "GRPOBatch":
@@ -70,6 +73,7 @@ class GRPOBatch:
             position_ids=self.position_ids[:, cols], responses=self.responses[:, :real_t],
             response_mask=self.response_mask[:, :real_t], old_log_probs=self.old_log_probs[:, :real_t],
             token_level_rewards=self.token_level_rewards[:, :real_t], index=self.index, prompt_len=real_p,
+            pixels=None if self.pixels is None else self.pixels.columns(cols),
         )
 
     def to(self, device: torch.device | str) -> "GRPOBatch":
@@ -78,11 +82,13 @@ class GRPOBatch:
             position_ids=self.position_ids.to(device), responses=self.responses.to(device),
             response_mask=self.response_mask.to(device), old_log_probs=self.old_log_probs.to(device),
             token_level_rewards=self.token_level_rewards.to(device), index=self.index, prompt_len=self.prompt_len,
+            pixels=None if self.pixels is None else self.pixels.to(device),
         )
 
 
-def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
-    """Pad trajectories into a GRPOBatch. Rewards must already be scored (`RewardSet.score`)."""
+def build_batch(trajectories: list[Trajectory], pad_id: int, vision: VisionProcessor | None = None) -> GRPOBatch:
+    """Pad trajectories into a GRPOBatch. Rewards must already be scored (`RewardSet.score`). `vision`: a VL
+    policy's image processor, needed when trajectories hold images."""
     n = len(trajectories)
     if n == 0:
         raise ValueError("build_batch: no trajectories")
@@ -108,7 +114,8 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> GRPOBatch:
         index[i] = traj.group_key
     old = old * mask  # logprobs of tool tokens are meaningless: keep them out of ratios and KL
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]
-    return GRPOBatch(input_ids, attn, position_ids, input_ids[:, p:].clone(), mask, old, rewards, index, p)
+    return GRPOBatch(input_ids, attn, position_ids, input_ids[:, p:].clone(), mask, old, rewards, index, p,
+                     PixelRows.build(trajectories, position_ids, p, vision))
 
 
 def exclude_infra_failures(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -164,6 +171,9 @@ def response_logprobs(
     keys/values are then shared by every row's response pass (`_shared_prompt_states`). The result is the same
     function of the weights, gradients included, up to float summation order."""
     t_len = batch.responses.shape[1]
+    if batch.pixels is not None:
+        return _pixel_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                               entropy_grad=entropy_grad)
     split = split_lm_head(model)
     if split is not None and len(batch) * t_len * split[1].out_features <= DENSE_MAX_LOGITS:
         split = None
@@ -184,6 +194,19 @@ def response_logprobs(
             out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                         position_ids=batch.position_ids, use_cache=False, logits_to_keep=t_len + 1)
             logits = out.logits[:, -(t_len + 1):-1, :]  # [N, T, V]
+    return dense_token_logprobs(logits, batch.responses, temperature=temperature, with_entropy=with_entropy,
+                                entropy_grad=entropy_grad)
+
+
+def _pixel_logprobs(model: Any, batch: GRPOBatch, *, temperature: float, with_entropy: bool,
+                    entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of a batch with images: every row whole (no prompt sharing), with its pixels and mRoPE
+    positions, the image placeholder out of the distribution as the engine samples (algorithms/pixels.py)."""
+    t_len = batch.responses.shape[1]
+    with autocast(model):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                    logits_to_keep=t_len + 1, **batch.pixels.model_inputs(batch.position_ids))
+        logits = batch.pixels.ban_placeholder(out.logits[:, -(t_len + 1):-1, :])  # [N, T, V]
     return dense_token_logprobs(logits, batch.responses, temperature=temperature, with_entropy=with_entropy,
                                 entropy_grad=entropy_grad)
 

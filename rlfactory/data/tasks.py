@@ -2,8 +2,9 @@
 whose position is part of a checkpoint (so a resumed run sees the same prompts it would have seen).
 
 A task is `{"id", "prompt", "answer", "metadata", "system_prompt"?}`: `prompt` is a string or chat messages,
-`metadata` holds the row's other fields (or `data.metadata_fields`). Left out: streaming datasets, shuffling
-buffers, curriculum ordering.
+`metadata` holds the row's other fields (or `data.metadata_fields`); a row's `images` (picture files, shown in
+its first user turn: rollout/images.py) are resolved against the data file's folder.
+Left out: streaming datasets, shuffling buffers, curriculum ordering.
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def load_tasks(path: str | Path, data: DataConfig, limit: int | None = None) -> 
         meta = {k: row[k] for k in keep} if keep else {
             k: v for k, v in row.items() if k not in (data.prompt_field, data.answer_field, data.id_field)
         }
+        if isinstance(meta.get("images"), list):  # a row's picture files are named relative to its data file
+            meta["images"] = [str(Path(path).parent / p) if isinstance(p, str) and not Path(p).is_absolute() else p
+                              for p in meta["images"]]
         task = {
             "id": str(row.get(data.id_field, i)) if data.id_field else str(i),
             "prompt": row[data.prompt_field],

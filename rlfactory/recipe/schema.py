@@ -27,7 +27,8 @@ from rlfactory.recipe.sft import SFTConfig
 from rlfactory.recipe.tools import ToolsConfig
 from rlfactory.recipe.training import (
     BUILTIN_TOKENIZERS,
-    TINY_RANDOM_MODEL,
+    TINY_RANDOM_MODELS,
+    TINY_RANDOM_VL_MODEL,
     AlgorithmConfig,
     DataConfig,
     ModelConfig,
@@ -105,7 +106,7 @@ class Recipe(Section):
         return recipe
 
     def _resolve_paths(self) -> None:
-        if self.model.path != TINY_RANDOM_MODEL:
+        if self.model.path not in TINY_RANDOM_MODELS:
             self.model.path = resolve_model_path(self.model.path, self._base_dir)
         if self.tokenizer.path and self.tokenizer.path not in BUILTIN_TOKENIZERS:
             self.tokenizer.path = resolve_model_path(self.tokenizer.path, self._base_dir)
@@ -174,6 +175,19 @@ def resolve_model_path(p: str, base: Path) -> str:
     return p
 
 
+def vl_engine_problems(r: Recipe, model: str) -> list[str]:
+    """Why a vision-language policy (`model`) cannot run on this recipe's engines: images go through the local engine's
+    HF rollouts only (rlfactory/rollout/engines/hf_vision.py); rlfactory does not pass them to vLLM or to verl yet."""
+    p = []
+    if r.engine == "verl":
+        p.append(f"engine: verl with a vision-language policy ({model}): rlfactory does not map images onto verl's "
+                 f"multimodal agent loop yet; use engine: local with rollout.engine: hf")
+    elif r.rollout.engine == "vllm":
+        p.append(f"rollout.engine: vllm with a vision-language policy ({model}): rlfactory does not send images to "
+                 f"vLLM yet; use rollout.engine: hf")
+    return p
+
+
 def cross_field_problems(r: Recipe) -> list[str]:
     """Arithmetic between fields: batch sizes that don't divide, budgets larger than the context, horizons larger
     than the budgets, reward weights all zero, KL settings that contradict each other."""
@@ -190,6 +204,8 @@ def cross_field_problems(r: Recipe) -> list[str]:
             p.append(f"algorithm.micro_batch_size ({a.micro_batch_size}) must divide the mini-batch of {mini} "
                      f"trajectories (trainer.prompts_per_step {t.prompts_per_step} x rollout.samples_per_prompt "
                      f"{ro.samples_per_prompt} / algorithm.mini_batches_per_step {a.mini_batches_per_step})")
+    if r.model.path == TINY_RANDOM_VL_MODEL:
+        p.extend(vl_engine_problems(r, r.model.path))
     if ro.max_response_tokens >= ro.max_context_tokens:
         p.append(f"rollout.max_response_tokens ({ro.max_response_tokens}) must be smaller than "
                  f"rollout.max_context_tokens ({ro.max_context_tokens}): the prompt needs room too")

@@ -35,6 +35,13 @@ class ServerSettings(Section):
     max_message_bytes: int = Field(8 * 2**20, ge=65_536)
     """The longest message read from a stdio server: a longer reply is dropped as it arrives, never held in memory,
     and its call gets an error saying how large it was (a 50 MB reply otherwise costs ~160 MB and seconds)."""
+    max_image_bytes: int = Field(4 * 2**20, ge=1024)
+    """The largest image (decoded bytes) kept from a result; a larger one makes the call an error result."""
+    max_image_pixels: int = Field(4096 * 4096, ge=64)
+    """The most pixels (width x height) of an image kept, checked from its header before decoding (a decompression
+    bomb never reaches memory)."""
+    max_images_per_result: int = Field(8, ge=0)
+    """The most images one result may hold (0: images are refused)."""
 
 
 class ServerSettingsPatch(Section):
@@ -59,6 +66,12 @@ class ServerSettingsPatch(Section):
     """The most UTF-8 bytes of a result kept."""
     max_message_bytes: int | None = Field(None, ge=65_536)
     """The longest message read from a stdio server."""
+    max_image_bytes: int | None = Field(None, ge=1024)
+    """The largest image (decoded bytes) kept."""
+    max_image_pixels: int | None = Field(None, ge=64)
+    """The most pixels of an image kept."""
+    max_images_per_result: int | None = Field(None, ge=0)
+    """The most images one result may hold."""
 
 
 class CacheConfig(Section):

@@ -17,6 +17,10 @@ BUILTIN_TOKENIZERS = ("qwen3-offline",)
 # with Qwen3's full vocabulary and the offline Qwen3 tokenizer. For CPU smoke runs of the whole path on the local
 # engine (it learns nothing useful); the verl engine rejects it (its workers load a model folder).
 TINY_RANDOM_MODEL = "tiny-random"
+# `model.path` value for a randomly initialised tiny Qwen3-VL (`build_tiny_qwen3_vl`): the same text stack under a toy
+# vision tower, with the offline Qwen3 tokenizer, the project's Qwen3-VL chat template and a tiny image processor.
+TINY_RANDOM_VL_MODEL = "tiny-random-vl"
+TINY_RANDOM_MODELS = (TINY_RANDOM_MODEL, TINY_RANDOM_VL_MODEL)
 # Positions of the tiny-random model: room for environment tool schemas (~770 tokens) plus a few turns.
 TINY_RANDOM_POSITIONS = 4096
 
@@ -43,7 +47,8 @@ class ModelConfig(Section):
     """A local Hugging Face model folder (config.json + weights), relative to the recipe or absolute. rlfactory never
     downloads models: fetch them yourself, then point here (or pass `--set model.path=/data/Qwen3-4B`).
     `tiny-random`: a randomly initialised tiny Qwen3 (Qwen3's vocabulary, 4096 positions, seeded by `trainer.seed`)
-    with the offline Qwen3 tokenizer, for CPU smoke runs of the whole path on the local engine; not for verl."""
+    with the offline Qwen3 tokenizer, for CPU smoke runs of the whole path on the local engine; not for verl.
+    `tiny-random-vl`: the same as a vision-language policy (a tiny Qwen3-VL, rlfactory/models/vision.py)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for training: `auto` = float32 on CPU, bfloat16 on GPU."""
     compute_dtype: Literal["none", "bfloat16", "auto"] = "none"

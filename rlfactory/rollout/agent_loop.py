@@ -20,6 +20,8 @@ Environment servers (`env_glue.py`): calls to tools taking `episode_id` get the 
 row with `env: {server, task_id}` has its episode reset before the first turn, the observation appended to the
 prompt as a user message; the trajectory's episodes are closed when it ends, whatever the reason.
 
+Images (tool results' and the task's, `images.py`) are message parts for a vision-language policy, recorded on the
+trajectory (`Trajectory.images`) and passed to the engine with each request; a text-only policy reads a note instead.
 Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
 (`truncation.py`), batching inside the engine (`engines/hf.py`), a batch's metrics (`metrics.py`).
 """
@@ -37,6 +39,8 @@ from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
 from rlfactory.rollout.horizon import horizon_for_step
+from rlfactory.rollout.images import message_content, prompt_with_images, tool_content
+from rlfactory.rollout.images import records as image_records
 from rlfactory.rollout.metrics import rollout_metrics
 from rlfactory.rollout.trajectory import Branch, ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
@@ -175,7 +179,9 @@ class AgentLoop:
                 if observation is not None:  # part of the prompt: rendered once by the template, never a delta
                     traj.messages.append({"role": "user",
                                           "content": self._truncate(self.chat.neutralize(observation))})
-                traj.prompt_ids = self.chat.prompt_ids(traj.messages)
+                traj.messages, shown = prompt_with_images(self.chat, traj.messages, task)
+                traj.prompt_ids = self.chat.prompt_ids(traj.messages, shown)
+                traj.images = image_records(traj.prompt_ids, 0, shown, self.chat)
             live.going = await self._turns(traj, horizon, sampling or self.default_sampling(), seed, live.timings,
                                            live.env, start=start, stop=stop)
         except asyncio.CancelledError:
@@ -295,8 +301,9 @@ class AgentLoop:
             turn_seed = None if seed is None else mix_seed(seed, turn)
             params = sampling.model_copy(update={"max_new_tokens": max_new, "seed": turn_seed})
             t0 = time.perf_counter()
+            pixels = {"images": list(traj.images)} if traj.images else {}  # engines without images take none
             out = await self.engine.generate(traj.prompt_ids + traj.response_ids, params,
-                                             request_id=f"{traj.id}#{turn}")
+                                             request_id=f"{traj.id}#{turn}", **pixels)
             timings["generate_s"] += time.perf_counter() - t0
             ids = list(out.token_ids)
             if len(ids) > max_new:
@@ -331,25 +338,29 @@ class AgentLoop:
             t0 = time.perf_counter()
             results = parsed.merge(await self._run_calls(env.bind(calls)))
             timings["tools_s"] += time.perf_counter() - t0
-            tool_msgs = []
+            tool_msgs, shown, shown_by = [], [], []
             call_iter = iter(calls)
             for slot, result in zip(parsed.slots, results):
                 seen = self._truncate(chat.neutralize(response_text(result)), error=result.is_error)
-                tool_msgs.append({"role": "tool", "name": result.name, "content": seen})
+                seen, images = tool_content(chat, seen, result.images)
+                tool_msgs.append({"role": "tool", "name": result.name, "content": message_content(seen, images)})
+                shown, shown_by = shown + images, shown_by + [result.name] * len(images)
                 args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
                 traj.tool_calls.append(ToolCallRecord(
                     turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
                     error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached,
                     cache_origin=result.cache_origin if result.cached else None, structured=result.structured,
-                    infra=result.infra, retried=result.retried))
-            delta = chat.tool_response_delta(tool_msgs, turn_closed=closed)
+                    infra=result.infra, retried=result.retried, images=[im.sha256 for im in images]))
+            delta = chat.tool_response_delta(tool_msgs, turn_closed=closed, images=shown)
             used = len(traj.prompt_ids) + len(traj.response_ids)
+            seen_images = image_records(delta, used, shown, chat, turn=turn, tools=shown_by)
             if env.ended(results):
                 # The episode is over, whatever room is left: keep its last observation when it fits.
                 if (used + len(delta) <= cfg.max_context_tokens
                         and len(traj.response_ids) + len(delta) <= cfg.max_response_tokens):
                     out_buf.append("tool", delta, None, chat.decode(delta))
                     traj.messages.extend(tool_msgs)
+                    traj.images.extend(seen_images)
                 traj.finish_reason = "env_done"
                 return False
             # Room must remain for at least one generated token after the tool turn.
@@ -361,6 +372,7 @@ class AgentLoop:
                 return False
             out_buf.append("tool", delta, None, chat.decode(delta))
             traj.messages.extend(tool_msgs)
+            traj.images.extend(seen_images)
         traj.finish_reason = "max_turns"  # the horizon was reached: only when start >= horizon (or horizon < 1)
         return False
 

@@ -9,8 +9,14 @@ off). Deltas are computed against a fixed dummy history, never the real one: Qwe
 assistant turns (it drops their `<think>` blocks), so re-rendering the real history would change tokens the policy
 already produced.
 
-Left out: parsing tool calls (`rlfactory.tools.format`) and truncating tool text (`agent_loop`); `decode` is for
-viewing only and its output is never re-encoded into a trajectory.
+Images (a vision-language policy's tokenizer carries a `VisionProcessor`, models/vision.py): a message's content may
+be a list of parts, `{"type": "image", "image": sha256}` among them; the template renders each image as one
+`<|image_pad|>` between `<|vision_start|>` and `<|vision_end|>`, and `prompt_ids` / `tool_response_delta` expand that
+pad to the image's token count, given the images in order. Pads in text from outside are broken by `neutralize`
+like any markup, so only the template's pads are expanded.
+
+Left out: parsing tool calls (`rlfactory.tools.format`), truncating tool text (`agent_loop`), and building image parts
+(`images.py`); `decode` is for viewing only and its output is never re-encoded into a trajectory.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from collections import OrderedDict
 from typing import Any
 
 from rlfactory.envs.protocol import hide_episode_arg
+from rlfactory.models.vision import vision_of
+from rlfactory.tools.types import ToolImage
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +68,8 @@ class ChatFormat:
         self.enable_thinking = enable_thinking
         self.system_prompt = system_prompt
         self.stop_at_tool_call_end = stop_at_tool_call_end
+        self.vision = vision_of(tokenizer)
+        """The policy's image processor; None for a text-only policy (images then reach it as a note, images.py)."""
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._delta_tools: bool | None = None if self.tools else False
         """Whether tool-turn deltas must be rendered with the tool schemas (None: not known until the first one)."""
@@ -141,33 +151,56 @@ class ChatFormat:
             messages.insert(0, {"role": "system", "content": system})
         return messages
 
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], images: list[ToolImage] | None = None) -> list[int]:
         """The prompt's ids: the template's rendering of `messages` with the generation prompt appended (rendered
-        once per distinct `messages`, then copied)."""
+        once per distinct `messages`, then copied); `images`: those of the messages' image parts, in order."""
         key = json.dumps(messages, sort_keys=True, default=str)
         cache = self._prompt_cache
         ids = cache.get(key)
         if ids is None:
-            ids = cache[key] = self.encode(self._render(messages, add_generation_prompt=True))
+            ids = self.encode(self._render(messages, add_generation_prompt=True))
+            ids = cache[key] = self.expand_images(ids, images or [])
             if len(cache) > PROMPT_CACHE_SIZE:
                 cache.popitem(last=False)
         else:
             cache.move_to_end(key)
         return list(ids)
 
-    def tool_response_delta(self, tool_messages: list[dict[str, Any]], *, turn_closed: bool = True) -> list[int]:
+    def expand_images(self, ids: list[int], images: list[ToolImage]) -> list[int]:
+        """`ids` with the k-th `<|image_pad|>` repeated as many times as image k takes tokens."""
+        if self.vision is None:
+            if images:
+                raise ValueError("images were given to a text-only policy's chat format")
+            return ids
+        pad = self.vision.image_token_id
+        at = [i for i, t in enumerate(ids) if t == pad]
+        if len(at) != len(images):
+            raise ValueError(f"the rendering holds {len(at)} image placeholders for {len(images)} images")
+        if not at:
+            return ids
+        out: list[int] = []
+        prev = 0
+        for i, image in zip(at, images):
+            out.extend(ids[prev:i])
+            out.extend([pad] * self.vision.num_tokens(image))
+            prev = i + 1
+        out.extend(ids[prev:])
+        return out
+
+    def tool_response_delta(self, tool_messages: list[dict[str, Any]], *, turn_closed: bool = True,
+                            images: list[ToolImage] | None = None) -> list[int]:
         """Ids the template places after an assistant turn, through the next generation prompt.
 
         `tool_messages` are `{"role": "tool", "content": ...}` dicts (content already truncated); an empty list
         gives just the end of the turn and the next generation prompt. With `turn_closed=True` the assistant turn
         already ends with the policy's `<|im_end|>` and the delta starts right after it; with False (the turn was
         cut by `</tool_call>` or the per-turn token limit) the delta starts with the closing `<|im_end|>`.
+        `images`: those of the messages' image parts, in order (a VL policy's).
         """
         dummy = [
             {"role": "user", "content": _DUMMY_USER},
             {"role": "assistant", "content": _DUMMY_ASSISTANT},
-            *({**m, "content": self.neutralize(m["content"])} if isinstance(m.get("content"), str) else m
-              for m in tool_messages),
+            *({**m, "content": self._neutral_content(m["content"])} for m in tool_messages),
         ]
         suffix = self._delta_text(dummy, self._delta_tools is not False)
         if self._delta_tools is None and tool_messages:
@@ -178,7 +211,15 @@ class ChatFormat:
         start = self._im_end_text_len if turn_closed else 0
         # <|im_end|> is a special token, so BPE never merges across it: tokenizing the suffix alone gives the same
         # ids as tokenizing the whole rendering (tests/rollout/test_chat.py checks this).
-        return self.encode(suffix[start:])
+        return self.expand_images(self.encode(suffix[start:]), images or [])
+
+    def _neutral_content(self, content: Any) -> Any:
+        if isinstance(content, str):
+            return self.neutralize(content)
+        if isinstance(content, list):
+            return [{**p, "text": self.neutralize(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    else p for p in content]
+        return content
 
     def _delta_text(self, dummy: list[dict[str, Any]], with_tools: bool) -> str:
         """The rendering of `dummy` from the `<|im_end|>` that closes its assistant turn on."""

@@ -1,6 +1,6 @@
 """`rollout_metrics`: the `rollout/*` metrics of a batch of trajectories (turns, finish reasons, errors, tokens, tool
-calls, timings, and what a branched group's branches shared). Left out: the tool servers' own counters (`tools/*`,
-the ToolManager's) and rewards (`reward/*`, the RewardSet's)."""
+calls, timings, what a branched group's branches shared, and the images a vision-language policy saw). Left out: the
+tool servers' own counters (`tools/*`, the ToolManager's) and rewards (`reward/*`, the RewardSet's)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -49,6 +49,9 @@ def rollout_metrics(trajs: list[Trajectory], wall_s: float | None = None) -> dic
         m["rollout/branches"] = len(branches)
         m["rollout/branches_went_on"] = sum(t.num_turns > t.branch.prefix_turns for t in branches)
         m["rollout/branch_shared_tokens"] = sum(t.branch.prefix_tokens for t in branches)
+    if any(t.images for t in trajs):  # a vision-language policy: what it saw, and what its images cost in tokens
+        m["rollout/images_mean"] = mean([len(t.images) for t in trajs])
+        m["rollout/image_tokens_mean"] = mean([sum(im.tokens for im in t.images) for t in trajs])
     if wall_s is not None:
         m["rollout/wall_s"] = wall_s
         m["perf/rollout_tokens_per_s"] = sum(len(t.response_ids) for t in trajs) / wall_s if wall_s > 0 else 0.0

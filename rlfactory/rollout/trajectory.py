@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from rlfactory.tools.types import ToolImage
+
 FinishReason = Literal[
     "stop",  # the policy ended its turn without a tool call (its final answer)
     "max_turns",  # the horizon (assistant turns) was reached
@@ -44,12 +46,28 @@ class ToolCallRecord(BaseModel):
     cached: bool = False
     cache_origin: str | None = None
     """For a cache hit: which ToolManager stored the result (see `ToolResult.cache_origin`)."""
+    images: list[str] = Field(default_factory=list)
+    """The sha256 of each image the result held, in order (the images themselves: `Trajectory.images`)."""
     structured: dict[str, Any] | None = None
     """The tool result's structured content, if any (environment servers put `reward`, `score`, `done` here)."""
     infra: bool = False
     """It failed for infrastructure reasons (`ToolResult.infra`): the trajectory is kept out of the loss."""
     retried: bool = False
     """It was run again after its server came back (idempotent tools)."""
+
+
+class TrajectoryImage(ToolImage):
+    """An image the policy saw: the bytes (base64, as the tool or the task gave them), where its placeholder tokens
+    sit, and where it came from. The token arrays hold only the `<|image_pad|>` ids; the pixels live here, once."""
+
+    start: int
+    """Index of its first placeholder token in prompt_ids + response_ids."""
+    tokens: int
+    """How many placeholder tokens it takes (its patch grid / the merge size squared)."""
+    turn: int | None = None
+    """The assistant turn whose tool call returned it; None for an image of the task's prompt."""
+    tool: str | None = None
+    """The tool that returned it; None for the prompt's."""
 
 
 class Branch(BaseModel):
@@ -108,6 +126,9 @@ class Trajectory(BaseModel):
     """Seconds spent: generate_s, tools_s, total_s."""
     branch: Branch | None = None
     """Its place in a branched group's tree; None in a flat group."""
+    images: list[TrajectoryImage] = Field(default_factory=list)
+    """The images the policy saw (a vision-language policy's prompt and tool results), in token order: what the
+    engine and the update turn into pixel inputs, and what saved trajectories show."""
 
     @property
     def group_key(self) -> str:

@@ -1,5 +1,6 @@
 """Tool-call counters and the `tools/*` metrics made from them: calls, errors (also by kind), cache hits, latency
-(mean, and p50 / p90 / p99 from a fixed-bucket histogram), retries, infrastructure failures, restarts, per server.
+(mean, and p50 / p90 / p99 from a fixed-bucket histogram), retries, infrastructure failures, restarts, images
+returned (count and decoded bytes; refused ones are `errors_bad_image`), per server.
 
 Counters are plain additive dicts, so those of several managers (verl's agent-loop workers), of several groups
 (the asynchronous generator) or of several moments can be summed and subtracted before they become metrics.
@@ -23,7 +24,8 @@ LATENCY_QUANTILES = (50, 90, 99)
 def empty_counters() -> dict[str, Any]:
     """Zeroed counters in the shape of `ToolManager.counters()`."""
     return {"calls": 0, "errors": 0, "hits": 0, "latency_sum_s": 0.0, "infra_errors": 0, "retried": 0, "restarts": 0,
-            "error_kinds": Counter(), "per_server": {}, "latency_hist": [0] * (len(LATENCY_BUCKETS_S) + 1)}
+            "images": 0, "image_bytes": 0, "error_kinds": Counter(), "per_server": {},
+            "latency_hist": [0] * (len(LATENCY_BUCKETS_S) + 1)}
 
 
 def latency_quantile(hist: list[int], q: float) -> float:
@@ -51,6 +53,9 @@ def count_result(c: dict[str, Any], result: ToolResult) -> None:
         c["hits"] += 1
     if result.retried:
         c["retried"] += 1
+    if result.images:
+        c["images"] = c.get("images", 0) + len(result.images)
+        c["image_bytes"] = c.get("image_bytes", 0) + sum(im.num_bytes for im in result.images)
     if result.infra:
         c["infra_errors"] += 1
     per = c["per_server"].setdefault(result.server or "_unknown", [0, 0])
@@ -72,6 +77,8 @@ def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
         "tools/restarts": c["restarts"],
         "tools/infra_errors": c.get("infra_errors", 0),
         "tools/retried": c.get("retried", 0),
+        "tools/images": c.get("images", 0),
+        "tools/image_bytes": c.get("image_bytes", 0),
     }
     hist = c.get("latency_hist")
     if hist and sum(hist) > 0:  # calls that reached a tool (cache hits excluded)
@@ -90,7 +97,8 @@ def combine_counters(items: list[dict[str, Any]], *, minus: list[dict[str, Any]]
     total = empty_counters()
     for sign, group in ((1, items), (-1, minus or [])):
         for c in group:
-            for key in ("calls", "errors", "hits", "latency_sum_s", "infra_errors", "retried", "restarts"):
+            for key in ("calls", "errors", "hits", "latency_sum_s", "infra_errors", "retried", "restarts", "images",
+                        "image_bytes"):
                 total[key] += sign * c.get(key, 0)
             for kind, n in c["error_kinds"].items():
                 total["error_kinds"][kind] += sign * n

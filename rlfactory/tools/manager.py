@@ -315,6 +315,7 @@ class ToolManager:
         c = self._counts
         return {"calls": c["calls"], "errors": c["errors"], "hits": c["hits"], "latency_sum_s": c["latency_sum_s"],
                 "infra_errors": c["infra_errors"], "retried": c["retried"],
+                "images": c["images"], "image_bytes": c["image_bytes"],
                 "restarts": max(0, self._restarts_begun() - self._restarts_at_reset),
                 "error_kinds": dict(c["error_kinds"]),
                 "per_server": {name: list(v) for name, v in c["per_server"].items()},

@@ -34,9 +34,10 @@ from mcp.shared.exceptions import MCPError
 
 from rlfactory import __version__
 from rlfactory.errors import ToolServerError
+from rlfactory.tools.images import BadImage, ImageLimits, decode_image
 from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.stdio_transport import REPLY_TOO_LARGE, REPLY_UNREADABLE, base_environment, stdio_transport
-from rlfactory.tools.types import INFRA_KEY, LOOP_ONLY_META, ToolResult, ToolSpec
+from rlfactory.tools.types import INFRA_KEY, LOOP_ONLY_META, ToolImage, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _content_text(block: Any) -> str:
         return getattr(res, "text", None) or f"[resource {res.uri}]"
     if kind == "resource_link":
         return f"[resource {block.uri}]"
-    # Images and audio cannot be shown to a text policy; say what was returned instead of dropping it silently.
+    # Audio (and images, where a caller asks for all blocks) cannot be shown as text: say what was returned.
     return f"[{kind} {getattr(block, 'mime_type', '')}]".replace(" ]", "]")
 
 
@@ -81,16 +82,40 @@ def to_tool_spec(tool: Any, server: str) -> ToolSpec:
     )
 
 
-def to_tool_result(result: Any, name: str, server: str) -> ToolResult:
-    """An SDK `CallToolResult` as our ToolResult."""
+def to_tool_result(result: Any, name: str, server: str, limits: ImageLimits | None = None) -> ToolResult:
+    """An SDK `CallToolResult` as our ToolResult; its `ImageContent` blocks checked into `ToolResult.images`
+    (`images.decode_image`). An image that cannot be used makes the call an error result (`bad_image`) whose text
+    says why, after the tool's own text: the model reads it, the cache does not keep it."""
     content = result.content
     text = content[0].text if len(content) == 1 and content[0].type == "text" else "\n".join(
-        _content_text(b) for b in content)
+        _content_text(b) for b in content if b.type != "image")
     is_error = bool(result.is_error)
     structured = result.structured_content
     infra = is_error and isinstance(structured, dict) and structured.get(INFRA_KEY) is True
-    return ToolResult(name=name, text=text, is_error=is_error, error_kind="tool_error" if is_error else None,
-                      server=server, structured=structured, infra=infra)
+    images, problems = _images(content, name, limits or ImageLimits())
+    kind = "tool_error" if is_error else None
+    if problems:
+        text = "\n".join([text, *problems]) if text else "\n".join(problems)
+        is_error, kind = True, kind or "bad_image"
+    return ToolResult(name=name, text=text, is_error=is_error, error_kind=kind, server=server,
+                      structured=structured, infra=infra, images=images)
+
+
+def _images(content: list[Any], name: str, limits: ImageLimits) -> tuple[list[ToolImage], list[str]]:
+    """The result's usable images, and an error line for each one refused."""
+    images: list[ToolImage] = []
+    problems: list[str] = []
+    blocks = [b for b in content if b.type == "image"]
+    if len(blocks) > limits.max_images:
+        problems.append(f"Error: {name} returned {len(blocks)} images, over this server's max_images_per_result "
+                        f"({limits.max_images}); the images were dropped")
+        return images, problems
+    for i, block in enumerate(blocks):
+        try:
+            images.append(decode_image(block.data, block.mime_type, limits))
+        except BadImage as e:
+            problems.append(f"Error: image {i + 1} of {name} could not be used: {e}")
+    return images, problems
 
 
 def error_result(name: str, server: str | None, kind: str, text: str, *, infra: bool = False) -> ToolResult:
@@ -112,6 +137,8 @@ class MCPConnection:
         self._owner: asyncio.Task[None] | None = None
         self._errlog: Any = None
         self._pid: int | None = None
+        st = cfg.settings
+        self._image_limits = ImageLimits(st.max_image_bytes, st.max_image_pixels, st.max_images_per_result)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def _transport(self) -> Any:
@@ -277,7 +304,7 @@ class MCPConnection:
         except Exception as e:  # noqa: BLE001 - a failed call is content for the model, never an exception
             log.debug("call to %s on %s failed", name, self.cfg.name, exc_info=True)
             return error_result(name, self.cfg.name, "server_error", f"Error calling {name}: {type(e).__name__}: {e}")
-        return to_tool_result(result, name, self.cfg.name)
+        return to_tool_result(result, name, self.cfg.name, self._image_limits)
 
     async def ping(self, timeout_s: float) -> bool:
         session = self.session

@@ -55,6 +55,26 @@ class ToolCall(BaseModel):
     """Optional caller id (e.g. trajectory id + index), carried into the result for bookkeeping."""
 
 
+class ToolImage(BaseModel):
+    """One image a tool returned (MCP `ImageContent`), checked by `images.decode_image`: a format PIL reads, within
+    the server's `max_image_bytes` / `max_image_pixels`. The bytes stay base64 (as MCP sends them), so a result
+    round-trips through JSON (the cache, saved trajectories) unchanged."""
+
+    mime_type: str
+    """The format PIL found in the bytes (e.g. image/png), whatever the server claimed."""
+    data_b64: str
+    width: int
+    height: int
+    sha256: str
+    """Of the decoded bytes: names the image in trajectories and in the engine's prefix cache."""
+
+    @property
+    def num_bytes(self) -> int:
+        """The decoded size (from the base64 length, without decoding)."""
+        pad = self.data_b64[-2:].count("=")
+        return len(self.data_b64) * 3 // 4 - pad
+
+
 class ToolResult(BaseModel):
     """A normalised tool result. Failures are results too (`is_error`), never exceptions."""
 
@@ -74,6 +94,9 @@ class ToolResult(BaseModel):
     server: str | None = None
     id: str | None = None
     structured: dict[str, Any] | None = None
+    images: list[ToolImage] = Field(default_factory=list)
+    """The images the tool returned, in order (their place in the text is not kept: the chat format renders them
+    after the text, as Qwen-VL's templates do for a message's image parts)."""
     cache_origin: str | None = None
     """Which ToolManager stored this result in the cache (its `origin`, e.g. a Ray node id); None when unlabelled.
     On a hit it names the writer, so a run can tell hits that crossed machines."""

@@ -35,6 +35,7 @@ from rlfactory.algorithms.grpo import (
 from rlfactory.algorithms.off_policy import CorrectionTotals, correct
 from rlfactory.algorithms.turn_credit import company_fraction
 from rlfactory.models.loading import pad_id_of
+from rlfactory.models.vision import vision_of
 from rlfactory.recipe.training import OffPolicyConfig
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.trainer.micro_batches import length_buckets
@@ -109,7 +110,7 @@ class Update:
         their groups' statistics)."""
         hit = [t.infra_failed for t in trajs]
         kept = train_prefix_once(exclude_infra_failures(trajs))
-        batch = build_batch(kept, pad_id_of(self.policy.tokenizer))  # [N, ...] on CPU
+        batch = build_batch(kept, pad_id_of(self.policy.tokenizer), vision_of(self.policy.tokenizer))  # [N, ...] CPU
         advantages = credit.advantages(kept, batch, self.recipe.algorithm)  # [N, T]
         has_signal = (advantages != 0).any(-1).tolist()  # [N]
         p_len = batch.prompt_len

@@ -45,6 +45,7 @@ from rlfactory.reward import RewardSet, token_level_rewards
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
+from rlfactory.rollout.images import message_content
 from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.manager import ToolManager
 from rlfactory.trainer.asynchronous.weights import SharedWeights
@@ -71,10 +72,12 @@ class RecordingEngine:
         self.engine = engine
         self.seen: dict[str, tuple[list[int], list[int], list[float], int]] = {}
         self.versions: dict[str, list[int]] = {}
+        self.images: dict[str, list[str]] = {}
 
-    async def generate(self, prompt_ids, sampling, request_id=None):
-        out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+    async def generate(self, prompt_ids, sampling, request_id=None, **images):
+        out = await self.engine.generate(prompt_ids, sampling, request_id=request_id, **images)
         assert request_id is not None and request_id not in self.seen
+        self.images[request_id] = [im.sha256 for im in images.get("images", [])]
         self.seen[request_id] = (list(prompt_ids), list(out.token_ids), list(out.logprobs or []),
                                  sampling.max_new_tokens)
         self.versions[request_id] = list(out.versions or [])
@@ -166,8 +169,11 @@ def _check(t, cfg: RolloutConfig, chat: ChatFormat, seen, bad: Counter, versions
             if mask[span.start:span.end] != [0] * len(piece) or any(lp != 0.0 for lp in lps[span.start:span.end]):
                 bad["tool_mask_or_logprobs"] += 1
             records = [c for c in t.tool_calls if c.turn == turn - 1]
-            msgs = [{"role": "tool", "content": c.result} for c in records]
-            if piece != chat.tool_response_delta(msgs, turn_closed=prev_closed):
+            by_sha = {im.sha256: im for im in t.images}
+            shown = [[by_sha[h] for h in c.images] for c in records]  # what each result showed, from the record
+            msgs = [{"role": "tool", "content": message_content(c.result, ims)} for c, ims in zip(records, shown)]
+            if piece != chat.tool_response_delta(msgs, turn_closed=prev_closed, images=[i for ims in shown
+                                                                                        for i in ims]):
                 bad["tool_delta"] += 1
             for c in records:  # an error's text has its own budget (rollout.tool_error_max_tokens)
                 budget = max(cfg.tool_response_max_tokens, cfg.tool_error_max_tokens) if c.is_error \
@@ -394,3 +400,146 @@ async def _check_process_rewards(trajs, tmp_path, bad: Counter) -> None:
             want = 0.0 if not calls else (-1.0 if any(c.is_error for c in calls) else 1.0)
             if t.step_rewards[k] != want or (span.end > span.start and placed[span.end - 1] != want):
                 bad["step_reward_placement"] += 1
+
+
+PIC = '<tool_call>{"name": "calculator_picture","arguments":{"expression":"6*7-1"}}</tool_call>'
+DIGITS = '<tool_call>{"name": "render_digits","arguments":{"text":"2024"}}</tool_call>'
+VL_SCRIPTS = [
+    (PIC + "<|im_end|>", 5.0),
+    (DIGITS + "<|im_end|>", 3.0),
+    (CALC + "<|im_end|>", 1.0),
+    (PIC + CALC + DIGITS + "<|im_end|>", 1.5),  # text and pictures in one tool turn
+    (UNKNOWN + "<|im_end|>", 0.5),
+    ("42<|im_end|>", 2.0),
+]
+
+
+async def test_token_exact_with_image_results(qwen_tokenizer, tmp_path, repo_root, record_property):
+    """The same bar with a vision-language policy whose tools return images (envs/tools/digits_image.py): a scripted
+    tiny Qwen3-VL behind the HF engine with its prefix cache, half the tasks with a picture in the prompt too. Also
+    checked: each image's placeholder run sits where `Trajectory.images` says, the engine got exactly the images of
+    each request's prompt, and a sample of logprobs recomputes under the model's own forward with pixels."""
+    import base64
+    import copy
+
+    from scripted_model import build_scripted_qwen3_vl
+
+    from rlfactory.envs.tools.digits_image import render_png
+    from rlfactory.models.vision import attach_vision, tiny_vision_processor, vl_chat_template
+
+    tok = copy.copy(qwen_tokenizer)
+    tok.chat_template = vl_chat_template()
+    vision = attach_vision(tok, tiny_vision_processor(tok)).rlfactory_vision
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "calculator": {"command": "python", "args": [str(repo_root / "envs/tools/calculator.py")]},
+        "digits": {"command": "python", "args": ["-m", "rlfactory.envs.tools.digits_image"]},
+    }}))
+    seven = {"data_b64": base64.b64encode(render_png("7")).decode(), "mime_type": "image/png"}
+    async with ToolManager.from_files([config]) as tools:
+        schemas = tools.openai_schemas()
+        base_chat = ChatFormat(tok, schemas)
+        model = build_scripted_qwen3_vl(tok, VL_SCRIPTS, start_token_ids=[base_chat.generation_prompt_ids[-1]],
+                                        junk_prob=0.03, junk_exits={"<|im_end|>": 0.12, "<tool_call>": 0.06})
+        prompt_len = len(base_chat.prompt_ids(base_chat.prompt_messages("What is 6*7-1? q0000")))
+        engine = HFEngine(model, pad_token_id=151643, eos_token_ids=base_chat.stop_token_ids, max_batch_size=48,
+                          vision=vision, prefix_cache=True)
+        recorder = RecordingEngine(engine)
+        loops = []
+        for cfg, stop_at_call_end in _configs(prompt_len):
+            chat = ChatFormat(tok, schemas, stop_at_tool_call_end=stop_at_call_end)
+            loops.append((AgentLoop(recorder, tools, chat, cfg), cfg, chat))
+        tasks_per_loop = -(-N_TRAJECTORIES // (4 * len(loops)))
+        started = time.perf_counter()
+        try:
+            batches = await asyncio.gather(*(
+                loop.run_batch([{"prompt": f"What is 6*7-1? q{li}{i:03d}", "id": f"{li}-{i}",
+                                 **({"images": [seven]} if i % 2 else {})} for i in range(tasks_per_loop)],
+                               samples_per_prompt=4, horizon=3, seed=li)
+                for li, (loop, _, _) in enumerate(loops)))
+        finally:
+            generation_s = time.perf_counter() - started
+            await engine.close()
+
+    bad: Counter = Counter()
+    reasons: Counter = Counter()
+    all_trajs = []
+    for (loop, cfg, chat), (trajs, _metrics) in zip(loops, batches):
+        for t in trajs:
+            all_trajs.append(t)
+            reasons[t.finish_reason] += 1
+            _check(t, cfg, chat, recorder.seen, bad)
+            _check_images(t, vision.image_token_id, recorder, bad)
+    checked = _check_pixel_logprobs(all_trajs, model, vision, bad)
+    total = len(all_trajs)
+    with_tool_images = sum(1 for t in all_trajs if any(im.turn is not None for im in t.images))
+    tool_images = sum(len(c.images) for t in all_trajs for c in t.tool_calls)
+    for key, value in {"trajectories": total, "trajectories_with_tool_images": with_tool_images,
+                       "tool_images": tool_images, "logprobs_recomputed_with_pixels": checked,
+                       "prefix_cached_tokens": engine.stats.prefix_cached_tokens,
+                       "generation_s": round(generation_s, 2), **{f"finish_{k}": v for k, v in reasons.items()},
+                       **{f"mismatch_{k}": v for k, v in bad.items()}}.items():
+        record_property(key, value)
+    log.warning("token-exact with images: %d trajectories (%d with tool images, %d images), finish %s, "
+                "mismatches %s, %s", total, with_tool_images, tool_images, dict(reasons), dict(bad), engine.stats)
+    assert total >= N_TRAJECTORIES
+    assert sum(bad.values()) == 0, dict(bad)
+    assert with_tool_images >= total // 12 and tool_images >= total // 10 and checked >= 50
+    assert engine.stats.prefix_cached_tokens > 0
+    assert all(reasons[r] >= max(1, total // 100) for r in ("stop", "max_turns", "token_budget", "context_length")), \
+        dict(reasons)
+
+
+def _check_images(t, pad: int, recorder: RecordingEngine, bad: Counter) -> None:
+    """Placeholder runs of prompt + response are exactly `t.images`' spans; each request got its prompt's images;
+    every image a tool record names is recorded."""
+    full = t.prompt_ids + t.response_ids
+    runs, i = [], 0
+    while i < len(full):
+        if full[i] == pad:
+            j = i
+            while j < len(full) and full[j] == pad:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    # adjacent images would merge into one run: digits pictures are always separated by text and markup
+    if runs != [(im.start, im.tokens) for im in t.images]:
+        bad["image_spans"] += 1
+    # a tool turn that did not fit (context, budget) was never appended: its results' images were never seen
+    appended, turn = set(), -1
+    for span in t.turns:
+        turn += span.role == "assistant"
+        if span.role == "tool":
+            appended.add(turn)
+    if not {h for c in t.tool_calls if c.turn in appended for h in c.images} <= {im.sha256 for im in t.images}:
+        bad["image_records"] += 1
+    for rid, (prompt, _out, _lps, _max) in recorder.seen.items():
+        if rid.rpartition("#")[0] != t.id:
+            continue
+        if recorder.images[rid] != [im.sha256 for im in t.images if im.start < len(prompt)]:
+            bad["engine_images"] += 1
+
+
+def _check_pixel_logprobs(trajs, model, vision, bad: Counter, sample: int = 60) -> int:
+    """A sample of policy tokens after an image: their logprobs under the model's own forward with the pixels (its
+    own mRoPE positions), temperature 1 as sampled, the image placeholder left out as the engine's sampler does."""
+    rng = random.Random(0)
+    points = [(t, j) for t in trajs if t.images for j, m in enumerate(t.loss_mask)
+              if m and len(t.prompt_ids) + j > t.images[0].start]
+    picked = rng.sample(points, min(sample, len(points)))
+    with torch.no_grad():
+        for t, j in picked:
+            ctx = t.prompt_ids + t.response_ids[:j]
+            images = [im for im in t.images if im.start < len(ctx)]
+            pixels, grid = vision.pixel_inputs(images)
+            seq = torch.tensor([ctx])
+            model.model.rope_deltas = None
+            logits = model(input_ids=seq, pixel_values=pixels, image_grid_thw=grid, logits_to_keep=1,
+                           mm_token_type_ids=(seq == vision.image_token_id).int()).logits[0, -1].double()
+            logits[vision.image_token_id] = float("-inf")
+            want = torch.log_softmax(logits, -1)[t.response_ids[j]].item()
+            if abs(want - t.logprobs[j]) > 2e-5:
+                bad["logprob_with_pixels"] += 1
+    return len(picked)

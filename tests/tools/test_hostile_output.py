@@ -39,7 +39,8 @@ async def test_a_reply_past_max_message_bytes_is_an_error_and_is_never_held(tmp_
         assert "24,0" in huge.text and "max_message_bytes" in huge.text and "4,194,304" in huge.text, huge.text
         assert grown_mb < 64, f"a dropped 24 MB reply still grew the client by {grown_mb:.0f} MB"
         after = await tm.call(ToolCall(name="emit", arguments={"case": "binary", "seed": 1}))
-        assert not after.is_error and tm.metrics()["tools/restarts"] == 0  # the same session goes on
+        # the same session goes on (the reply's fake PNG is refused: an error result that says so, issue 39)
+        assert after.error_kind == "bad_image" and "not an image" in after.text and tm.metrics()["tools/restarts"] == 0
     assert not leftover_children(before)
 
 
@@ -54,7 +55,7 @@ async def test_replies_the_sdk_cannot_read_answer_their_call_at_once(tmp_path):
         # bytes that are not UTF-8 become replacement characters
         assert not raw.is_error and "\ufffd" in raw.text
         again = await tm.call(emit("fuzz", 3))
-        assert again.error_kind in (None, "tool_error") and tm.metrics()["tools/restarts"] == 0
+        assert again.error_kind in (None, "tool_error", "bad_image") and tm.metrics()["tools/restarts"] == 0
 
 
 def test_line_splitter_is_linear_and_drops_long_lines_keeping_their_id():

@@ -19,6 +19,9 @@ branches of a branched group, admitted together, all continue their root's parke
 the weights stay those that computed them, or pushed versions (`weight_source`) that conversations in flight carry on
 under, as rows in the running batch do; any other change of the weights (an optimizer step on a shared model,
 `update_weights`) invalidates them. The same maths as prefilling everything, up to float summation order.
+Images (a vision-language policy, `vision=`): `generate(..., images=)` takes the images of the prompt's placeholder
+runs; prefills pass their pixels and every forward its multimodal positions, and the prefix cache matches images
+by content (`hf_vision.py`).
 Left out: prefix sharing across conversations beyond identical prompts, speculative decoding, paged attention (use
 the vLLM engine for those).
 See `hf_sampling` for the logprob convention.
@@ -39,8 +42,10 @@ import torch
 
 from rlfactory.models.devices import avoid_cudnn_attention, resolve_device
 from rlfactory.models.precision import autocast
+from rlfactory.models.vision import VisionProcessor, is_vision_model
+from rlfactory.rollout.engines import hf_vision
 from rlfactory.rollout.engines.hf_kv import BatchKV
-from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV
+from rlfactory.rollout.engines.hf_prefix import Parked, ParkedKV, shared_past
 from rlfactory.rollout.engines.hf_request import (
     EngineStats,
     Request,
@@ -51,6 +56,7 @@ from rlfactory.rollout.engines.hf_request import (
 )
 from rlfactory.rollout.engines.hf_sampling import RowSampler, make_generator
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams, WeightSource
+from rlfactory.tools.types import ToolImage
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +84,13 @@ class HFEngine:
         weight_source: WeightSource | None = None,
         prefix_cache: bool = False,
         prefix_cache_tokens: int = 32_768,
+        vision: VisionProcessor | None = None,
     ):
         """`tokenizer` is only needed for `stop_strings`. `max_prefill_tokens` caps padded tokens per prefill.
         `weight_source`: pushed weights to load newer versions from between steps (as `follow_weights` sets).
         `prefix_cache`: share identical prompts within a prefill and park finished requests' keys/values (at most
-        `prefix_cache_tokens` tokens) for their conversations' next turns.
+        `prefix_cache_tokens` tokens) for their conversations' next turns. `vision`: a VL policy's image processor
+        (`models/vision.py` `vision_of(tokenizer)`), for requests with images.
 
         On CPU, a `max_batch_size` whose [rows, vocab] fp32 logits stay under 32 MB (48 rows for Qwen's 151,669 ids)
         lets the allocator reuse each step's logits buffer; larger steps page-fault a fresh one every step.
@@ -118,11 +126,14 @@ class HFEngine:
         self.prefix_cache = prefix_cache
         self._parked = ParkedKV(prefix_cache_tokens) if prefix_cache else None
         self._params = list(model.parameters())
+        self.vision = vision
+        self.is_vl = is_vision_model(model)
         self._pushed_updates = 0
 
     # ----------------------------------------------------------------- public API
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None,
+        images: list[ToolImage] | None = None,
     ) -> GenerationOutput:
         if self._closed:
             raise RuntimeError("HFEngine.generate called after close()")
@@ -136,6 +147,7 @@ class HFEngine:
             )
         if sampling.stop_strings and self.tokenizer is None:
             raise ValueError("generate: stop_strings need HFEngine(..., tokenizer=...) to decode the output")
+        vision = hf_vision.prepare(prompt_ids, images or [], self.vision, self.is_vl)
         if sampling.max_new_tokens <= 0:
             return GenerationOutput(token_ids=[], logprobs=[], finish_reason="length")
         loop = asyncio.get_running_loop()
@@ -143,7 +155,7 @@ class HFEngine:
             prompt_ids=prompt_ids, sampling=sampling, loop=loop, future=loop.create_future(),
             generator=make_generator(sampling.seed, self.device),
             stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=request_id or uuid.uuid4().hex, vision=vision,
         )
         with self._cond:
             self._pending.append(req)
@@ -269,7 +281,8 @@ class HFEngine:
             while self._pending and active + len(taken) < self.max_batch_size:
                 req = self._pending[0]
                 if key is not None and req.past is None:
-                    req.past = self._parked.take(req.prompt_ids, key) or _shared_past(taken, req.prompt_ids)
+                    req.past = hf_vision.usable_past(
+                        self._parked.take(req.match_ids, key) or shared_past(taken, req.match_ids), req.vision)
                 longest = max(new_tokens(r) for r in taken + [req])
                 if taken and longest * (len(taken) + 1) > budget:
                     break  # prefill cost is padded length x rows; the rest join at the next step
@@ -279,10 +292,13 @@ class HFEngine:
         return taken
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                 cache: Any) -> torch.Tensor:
+                 cache: Any, vl: dict[str, Any] | None = None) -> torch.Tensor:
+        """`vl`: a VL model's `position_ids` [4, B, T] (replacing the plain ones) and pixel inputs."""
+        vl = dict(vl or {})
+        position_ids = vl.pop("position_ids", position_ids)
         with autocast(self.model):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1, **vl)
         return out.logits[:, -1, :].float()  # [B, V]
 
     def _prefill(self, batch: BatchKV, rows: list[Request], admitted: list[Request]) -> None:
@@ -302,18 +318,21 @@ class HFEngine:
         self.stats.prefill_s += time.perf_counter() - t0
 
     def _prefill_fresh(self, batch: BatchKV, reqs: list[Request]) -> None:
-        prompts = [r.prompt_ids for r in reqs]
+        prompts, run = [r.prompt_ids for r in reqs], reqs
         index = None
-        if self.prefix_cache:  # a group's samples arrive together with one prompt: run it once
+        if self.prefix_cache:  # a group's samples arrive together with one prompt (and images): run it once
             first: dict[tuple[int, ...], int] = {}
-            index = [first.setdefault(tuple(p), len(first)) for p in prompts]
+            index = [first.setdefault(tuple(r.match_ids), len(first)) for r in reqs]
             if len(first) == len(prompts):
                 index = None
             else:
-                prompts = [list(p) for p in first]
+                run = [reqs[index.index(k)] for k in range(len(first))]
+                prompts = [r.prompt_ids for r in run]
         input_ids, mask, positions = batch.left_pad(prompts, self.device)
         cache = batch.new_cache()
-        logits = self._forward(input_ids, mask, positions, cache)
+        vl = hf_vision.forward_inputs([r.vision for r in run], positions, [(0, len(p)) for p in prompts],
+                                      self.vision) if self.is_vl else {}
+        logits = self._forward(input_ids, mask, positions, cache, vl)
         self.stats.prefill_batches += 1
         self.stats.prefill_tokens += sum(len(p) for p in prompts)
         idx = None
@@ -329,10 +348,12 @@ class HFEngine:
         suffixes = [r.prompt_ids[len(r.past.tokens):] for r in reqs]
         input_ids, mask, positions, cache = batch.prefill_inputs(suffixes, [r.past.layers for r in reqs],
                                                                  self.device)
+        spans = [(len(r.past.tokens), len(r.prompt_ids)) for r in reqs]
         for r in reqs:
             self.stats.prefix_cached_tokens += len(r.past.tokens)
             r.past = None  # its tensors now live in the batch
-        logits = self._forward(input_ids, mask, positions, cache)
+        vl = hf_vision.forward_inputs([r.vision for r in reqs], positions, spans, self.vision) if self.is_vl else {}
+        logits = self._forward(input_ids, mask, positions, cache, vl)
         self.stats.prefill_batches += 1
         self.stats.prefill_tokens += sum(len(x) for x in suffixes)
         self._sample(reqs, logits)
@@ -344,7 +365,9 @@ class HFEngine:
         last = torch.tensor([[r.out_ids[-1] if r is not None else self.pad_token_id] for r in rows],
                             device=self.device)  # [B, 1]
         mask, positions = batch.step_inputs()
-        logits = self._forward(last, mask, positions, batch.cache)
+        vl = {"position_ids": hf_vision.decode_positions(positions, [r.rope_delta if r is not None else 0
+                                                                     for r in rows])} if self.is_vl else {}
+        logits = self._forward(last, mask, positions, batch.cache, vl)
         live = [i for i, r in enumerate(rows) if r is not None]
         if len(live) == len(rows):
             batch.advance()
@@ -359,6 +382,8 @@ class HFEngine:
         self.stats.decode_s += time.perf_counter() - t0
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        if self.vision is not None:  # a policy never emits an image: a placeholder it sampled would have no pixels
+            logits[:, self.vision.image_token_id] = float("-inf")
         tokens, logprobs = self._sampler(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         for r, tok, lp in zip(reqs, tokens, logprobs):
             r.out_ids.append(tok)
@@ -381,7 +406,7 @@ class HFEngine:
                 if self._parked is not None and r.finish != "abort":
                     key = self._weights_key() if key is None else key
                     if r.kv_key == key:  # every cached token (all but the last sampled one) is of these weights
-                        self._parked.park(Parked(tuple(r.prompt_ids + r.out_ids[:-1]), batch.row_kv(i), key))
+                        self._parked.park(Parked(tuple(r.match_ids + r.out_ids[:-1]), batch.row_kv(i), key))
                 finished.append(r)
                 rows[i] = None
         resolve_many(finished)
@@ -398,9 +423,3 @@ class HFEngine:
             return rows
         return [rows[i] for i in batch.compact(keep)]
 
-
-def _shared_past(taken: list[Request], prompt: list[int]) -> Parked | None:
-    """A parked entry another request of this admission took that `prompt` continues too (the branches of a
-    branched group ask for their root's conversation at once: its keys/values are read, never written, so they
-    serve every branch)."""
-    return next((r.past for r in taken if r.past is not None and r.past.continued_by(prompt)), None)

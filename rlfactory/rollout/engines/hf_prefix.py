@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -75,3 +76,10 @@ class ParkedKV:
     def clear(self) -> None:
         self._entries.clear()
         self.tokens = 0
+
+
+def shared_past(taken: list[Any], prompt: list[int]) -> Parked | None:
+    """A parked entry another request of this admission (`taken`: requests with a `past`) took that `prompt`
+    continues too (the branches of a branched group ask for their root's conversation at once: its keys/values are
+    read, never written, so they serve every branch)."""
+    return next((r.past for r in taken if r.past is not None and r.past.continued_by(prompt)), None)

@@ -56,6 +56,17 @@ class Request:
     """Parked keys/values of this conversation's earlier turns (the prefix cache), taken when admitted."""
     kv_key: int | None = None
     """`HFEngine._weights_key()` when its keys/values were computed (the prefix cache)."""
+    vision: Any = None
+    """`hf_vision.VisionRequest` of a prompt with images; None for text."""
+
+    @property
+    def match_ids(self) -> list[int]:
+        """What the prefix cache matches this request on: the prompt, its images' placeholders keyed by content."""
+        return self.prompt_ids if self.vision is None else self.vision.match_ids
+
+    @property
+    def rope_delta(self) -> int:
+        return 0 if self.vision is None else self.vision.rope_delta
 
 
 def finish_reason(r: Request, tok: int, max_context: int, tokenizer: Any) -> str | None:

@@ -372,9 +372,10 @@ class _VersionWatch:
         return getattr(self.engine, name)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       request_id: str | None = None) -> GenerationOutput:
+                       request_id: str | None = None, **images: Any) -> GenerationOutput:
+        """`images`: a vision-language policy's `images=`, passed on to the engine as the AgentLoop gave it."""
         async with self.slots.hold(self.index):
-            out = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            out = await self.engine.generate(prompt_ids, sampling, request_id=request_id, **images)
         if out.versions and request_id:
             gid = request_id.rsplit("/", 1)[0]
             low = min(out.versions)
