@@ -213,3 +213,23 @@ async def llm_judge(
         verdict = ToolResult(name="judge", server="judge", text=json.dumps({"score": score, "reply": reply}))
         await cache.set(key, verdict, cache_ttl_s)
     return score
+
+
+FUZZY_MATCH_PROMPT = """Grade a student's answer to a question against the reference answer. The wording may differ:
+the student's answer is correct when it means the same as the reference. "N/A" in either answer means that the task
+cannot be done.
+question: {question}
+reference answer: {answer}
+student answer: {response}
+Reply with one JSON object: {"verdict": "correct"} or {"verdict": "incorrect"}."""
+
+
+def fuzzy_match_judge(base_url: str, model: str, **options: Any):
+    """A judge for WebArena's `fuzzy_match` evaluation (`(prediction, reference, intent) -> score in [0, 1]`, what the
+    web tasks' Evaluator takes) over an OpenAI-compatible endpoint, through `llm_judge`; `options` go to it."""
+
+    async def judge(prediction: str, reference: str, intent: str) -> float:
+        return await llm_judge(prediction, {"question": intent}, reference, base_url=base_url, model=model,
+                               prompt_template=FUZZY_MATCH_PROMPT, **options)
+
+    return judge

@@ -19,15 +19,9 @@ from rlfactory.envs.web.tasks.build import (
     webarena_action,
     write_tasks,
 )
-from rlfactory.envs.web.tasks.evaluator import (
-    Evaluator,
-    JudgeRequired,
-    UnsupportedConfig,
-    endpoint_judge,
-    must_include,
-    url_match,
-)
+from rlfactory.envs.web.tasks.evaluator import Evaluator, JudgeRequired, UnsupportedConfig, must_include, url_match
 from rlfactory.envs.web.tasks.http_solver import episode_evaluator, run_task, solve
+from rlfactory.rewards.judge import fuzzy_match_judge
 
 WEBARENA_KEYS = {"sites", "task_id", "require_login", "storage_state", "start_url", "geolocation", "intent_template",
                  "instantiation_dict", "intent", "require_reset", "eval", "intent_template_id"}
@@ -129,7 +123,7 @@ async def test_string_match_right_and_wrong(sites):
 
 @pytest.mark.slow
 async def test_fuzzy_match_asks_the_reward_modules_judge(served_model):
-    judge = endpoint_judge(served_model.base_url, "tiny-random", retries=0, max_tokens=8, extra_body={
+    judge = fuzzy_match_judge(served_model.base_url, "tiny-random", retries=0, max_tokens=8, extra_body={
         "guided_choice": ['{"verdict": "correct"}', '{"verdict": "incorrect"}']})
     config = {"task_id": "f", "intent": "Which colour?", "eval": {"eval_types": ["string_match"],
                                                                  "reference_answers": {"fuzzy_match": ["red"]}}}

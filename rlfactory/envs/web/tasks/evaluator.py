@@ -5,8 +5,8 @@ databases and its pages (fetched over HTTP). The score is the product of the con
 WebArena's `evaluator_router`:
 - `string_match`: `reference_answers` with `exact_match`, `must_include` (each item; when it is the only item and a
   short single token such as "4", a whole token of the answer: WebArena does this for one-character references only,
-  so "12" would match "2012" there but not here) and `fuzzy_match` (through an LLM judge: `endpoint_judge` over
-  the reward module's `llm_judge`; without a judge a config that needs one raises `JudgeRequired`, never a silent 0);
+  so "12" would match "2012" there but not here) and `fuzzy_match` (through an LLM judge: `rewards/judge.py`'s
+  `fuzzy_match_judge`, handed in; without a judge a config that needs one raises `JudgeRequired`, never a silent 0);
 - `url_match`: `reference_url` (alternatives joined by " |OR| "), rule "GOLD in PRED": the reference's host+path
   is contained in the final URL's and every reference query value is among the final URL's;
 - `program_html`: per target, the page at `url` ("last" = the final URL, or `func:` one of WebArena's helpers
@@ -36,15 +36,6 @@ Fetch = Callable[[str], Awaitable[str]]
 Judge = Callable[[str, str, str], Awaitable[float]]  # (prediction, reference, intent) -> score in [0, 1]
 Database = Callable[[str], sqlite3.Connection]  # WebArena site name ("shopping", "reddit") -> read-only connection
 Locate = Callable[[str, str, str], Awaitable[str]]  # (url, page source, locator) -> the located text
-
-FUZZY_PROMPT = """Help a teacher to grade the answer of a student given a question. Keep in mind that the student may
-use different phrasing or wording to answer the question. The goal is to evaluate whether the answer is semantically
-equivalent to the reference answer.
-question: {question}
-reference answer: {answer}
-all the string 'N/A' that you see is a special sequence that means 'not achievable'
-student answer: {response}
-Reply with one JSON object: {"verdict": "correct"} or {"verdict": "incorrect"}."""
 
 _QUERY_SELECTOR = re.compile(
     r"""^document\.querySelector\((['"])(?P<css>.+?)\1\)\.(?P<prop>outerText|innerText|textContent|value|outerHTML)$""")
@@ -176,7 +167,7 @@ class Evaluator:
                     continue
                 if self.judge is None:
                     raise JudgeRequired(f"task {config.get('task_id')}: fuzzy_match needs an LLM judge; give the "
-                                        "Evaluator judge=endpoint_judge(base_url, model)")
+                                        "Evaluator judge=rlfactory.rewards.judge.fuzzy_match_judge(base_url, model)")
                 for reference in ([value] if isinstance(value, str) else value):
                     score *= float(await self.judge(pred, reference, config.get("intent", "")) >= 0.5)
             else:
@@ -241,13 +232,3 @@ class Evaluator:
                 conn.close()
             score *= float(row is not None and row[0] == check["expected"])
         return score
-
-
-def endpoint_judge(base_url: str, model: str, **options) -> Judge:
-    """A fuzzy-match judge over an OpenAI-compatible endpoint, through the reward module's `llm_judge`."""
-    from rlfactory.rewards.judge import llm_judge
-
-    async def judge(pred: str, reference: str, intent: str) -> float:
-        return await llm_judge(pred, {"question": intent}, reference, base_url=base_url, model=model,
-                               prompt_template=FUZZY_PROMPT, **options)
-    return judge
