@@ -139,6 +139,10 @@ LOCAL_METRICS: tuple[Metric, ...] = (
     Metric("rollout/skipped_steps_total", "Steps skipped since the run started.", "steps", LOCAL),
     Metric("rollout/nodes", "Ray nodes whose agent-loop workers produced the step's trajectories.", "nodes",
            ("verl",)),
+    Metric("rollout/images_mean", "Images a trajectory saw (tool results and the task's own pictures), mean.",
+           "images", LOCAL, "a vision-language policy saw images"),
+    Metric("rollout/image_tokens_mean", "Image placeholder tokens per trajectory (what its images cost in context), "
+           "mean.", "tokens", LOCAL, "a vision-language policy saw images"),
     # ---- credit/
     Metric("credit/turns_with_company", "Share of assistant turns whose baseline came from other trajectories of "
            "their group (`returns`: one reached the same turn; `anchors`: one visited the same state).", "fraction",
@@ -147,7 +151,7 @@ LOCAL_METRICS: tuple[Metric, ...] = (
     Metric("tools/calls", "Tool calls of the step, cache hits included.", "calls", ALL),
     Metric("tools/errors", "Calls that returned an error (content for the model).", "calls", ALL),
     Metric("tools/errors_<kind>", "Calls that failed with one kind of error: parse, unknown_tool, bad_arguments, "
-           "timeout, server_error, tool_error.", "calls", ALL, "a call failed with that kind"),
+           "timeout, server_error, tool_error, bad_image.", "calls", ALL, "a call failed with that kind"),
     Metric("tools/cache_hit_rate", "Share of the calls the tool cache answered.", "fraction", ALL),
     Metric("tools/latency_mean_s", "Seconds per call, mean (a cache hit's are the cache's).", "s", ALL),
     Metric("tools/latency_p<q>_s", "Quantile q (50, 90, 99) of the calls' latency, as the upper bound of its fixed "
@@ -157,6 +161,9 @@ LOCAL_METRICS: tuple[Metric, ...] = (
            "time).", "calls", ALL),
     Metric("tools/retried", "Calls run again after their server was restarted (idempotent tools only).", "calls",
            ALL),
+    Metric("tools/images", "Images the step's tool results brought (MCP ImageContent kept, after the checks of "
+           "tools/images.py).", "images", ALL, "a tool returned an image"),
+    Metric("tools/image_bytes", "Their decoded size.", "bytes", ALL, "a tool returned an image"),
     Metric("tools/<server>/calls", "Calls to one MCP server (`_unknown` for a call naming no known tool).", "calls",
            ALL, "the step called that server"),
     Metric("tools/<server>/errors", "Of those, calls that returned an error.", "calls", ALL,

@@ -77,9 +77,10 @@ def tool_metrics(c: dict[str, Any]) -> dict[str, float]:
         "tools/restarts": c["restarts"],
         "tools/infra_errors": c.get("infra_errors", 0),
         "tools/retried": c.get("retried", 0),
-        "tools/images": c.get("images", 0),
-        "tools/image_bytes": c.get("image_bytes", 0),
     }
+    if c.get("images"):  # tools that return images: how many, and their decoded bytes
+        out["tools/images"] = c["images"]
+        out["tools/image_bytes"] = c.get("image_bytes", 0)
     hist = c.get("latency_hist")
     if hist and sum(hist) > 0:  # calls that reached a tool (cache hits excluded)
         for q in LATENCY_QUANTILES:
