@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
-from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id
+from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id, reset_observation
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.images import message_content, prompt_with_images, tool_content
 from rlfactory.rollout.images import records as image_records
@@ -175,11 +175,12 @@ class AgentLoop:
         try:
             if task is not None:
                 traj.messages = self.chat.prompt_messages(task.get("prompt"), task.get("system_prompt"))
-                observation = await live.env.open(task, self.tools)
-                if observation is not None:  # part of the prompt: rendered once by the template, never a delta
+                reset = await live.env.open(task, self.tools)
+                if reset is not None:  # part of the prompt: rendered once by the template, never a delta
                     traj.messages.append({"role": "user",
-                                          "content": self._truncate(self.chat.neutralize(observation))})
-                traj.messages, shown = prompt_with_images(self.chat, traj.messages, task)
+                                          "content": self._truncate(self.chat.neutralize(reset_observation(reset)))})
+                traj.messages, shown = prompt_with_images(self.chat, traj.messages, task,
+                                                          reset.images if reset is not None else [])
                 traj.prompt_ids = self.chat.prompt_ids(traj.messages, shown)
                 traj.images = image_records(traj.prompt_ids, 0, shown, self.chat)
             live.going = await self._turns(traj, horizon, sampling or self.default_sampling(), seed, live.timings,

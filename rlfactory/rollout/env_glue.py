@@ -46,6 +46,13 @@ def new_episode_id(trajectory_id: str) -> str:
     return f"{trajectory_id}~{secrets.token_hex(4)}"
 
 
+def reset_observation(result: ToolResult) -> str:
+    """What the policy reads of a reset: the observation alone (the status line of a fresh episode, reward 0 and not
+    done, tells it nothing); its images (a pixel view's picture) are `result.images`."""
+    observation = (result.structured or {}).get("observation")
+    return observation if isinstance(observation, str) else response_text(result)
+
+
 class EpisodeBinding:
     """One trajectory's episodes on the environment servers it calls."""
 
@@ -72,9 +79,10 @@ class EpisodeBinding:
         """True when an environment said the episode is over."""
         return any(ends_episode(r) for r in results)
 
-    async def open(self, task: dict[str, Any], tools: "ToolManager | None") -> str | None:
-        """Reset the task's episode (`task["env"]`) and return its observation, or None when the task names
-        no environment the tools serve. Raises RuntimeError when the reset fails (the trajectory is then an error)."""
+    async def open(self, task: dict[str, Any], tools: "ToolManager | None") -> ToolResult | None:
+        """Reset the task's episode (`task["env"]`) and return the reset's result (`reset_observation` reads it), or
+        None when the task names no environment the tools serve. Raises RuntimeError when the reset fails (the
+        trajectory is then an error)."""
         if tools is None:
             return None
         call = reset_call(task, _unique(self.specs), self.episode_id)
@@ -90,9 +98,7 @@ class EpisodeBinding:
         (result,) = await tools.call_many([call])
         if result.is_error:
             raise RuntimeError(f"could not open the task's episode with {call.name}({call.arguments}): {result.text}")
-        observation = (result.structured or {}).get("observation")
-        # The observation alone: the status line of a fresh episode (reward 0, not done) tells the policy nothing.
-        return observation if isinstance(observation, str) else response_text(result)
+        return result
 
     async def fork(self, tools: "ToolManager | None", episode_id: str) -> "EpisodeBinding":
         """A binding for another trajectory whose episodes are forks of this one's (same servers, new episode id

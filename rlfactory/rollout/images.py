@@ -102,23 +102,31 @@ def task_images(task: dict[str, Any], limits: ImageLimits | None = None) -> list
     return out
 
 
-def prompt_with_images(chat: ChatFormat, messages: list[dict[str, Any]], task: dict[str, Any]
-                       ) -> tuple[list[dict[str, Any]], list[ToolImage]]:
-    """`messages` with the task's images shown in its first user turn, and the images shown."""
-    images = task_images(task)
-    if not images:
-        return messages, []
-    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
-    if first is None:
-        raise ValueError(f"task {task.get('id')!r} has images but no user message to show them in")
-    shown, notes = shown_images(chat, images)
-    text = messages[first].get("content")
-    if not isinstance(text, str):
-        raise ValueError(f"task {task.get('id')!r}: a prompt with images needs a text first user message")
-    if notes:
-        text = "\n".join([*notes, text])
+def prompt_with_images(chat: ChatFormat, messages: list[dict[str, Any]], task: dict[str, Any],
+                       reset_images: list[ToolImage] | None = None) -> tuple[list[dict[str, Any]], list[ToolImage]]:
+    """`messages` with the task's images shown in its first user turn and `reset_images` (the picture of an
+    environment's first observation, the last user turn) in the last, and the images shown, in prompt order."""
     out = [dict(m) for m in messages]
-    # without an image to show, plain text: a text-only template renders only string content
-    out[first]["content"] = ([{"type": "image", "image": im.sha256} for im in shown]
+    users = [i for i, m in enumerate(out) if m.get("role") == "user"]
+    at_message: dict[int, tuple[list[ToolImage], list[str]]] = {}
+    for images, at, what in ((task_images(task), users[:1], "images"), (reset_images or [], users[-1:], "a reset")):
+        if not images:
+            continue
+        if not at:
+            raise ValueError(f"task {task.get('id')!r} has {what} with images but no user message to show them in")
+        shown, notes = shown_images(chat, images)
+        kept = at_message.setdefault(at[0], ([], []))
+        kept[0].extend(shown)
+        kept[1].extend(notes)
+    shown_all: list[ToolImage] = []
+    for i, (shown, notes) in sorted(at_message.items()):  # prompt order
+        text = out[i].get("content")
+        if not isinstance(text, str):
+            raise ValueError(f"task {task.get('id')!r}: a prompt with images needs text user messages")
+        if notes:
+            text = "\n".join([*notes, text])
+        # without an image to show, plain text: a text-only template renders only string content
+        out[i]["content"] = ([{"type": "image", "image": im.sha256} for im in shown]
                              + [{"type": "text", "text": text}]) if shown else text
-    return out, shown
+        shown_all += shown
+    return out, shown_all
