@@ -162,7 +162,7 @@ async def run_ours(loop: Any, tasks: list[dict[str, Any]], horizon: int) -> tupl
 
 async def run_barrier(loop_cls: Any, engine: Any, tools: ScheduledTools, chat: Any, cfg: Any,
                       tasks: list[dict[str, Any]], horizon: int) -> tuple[float, list[Any]]:
-    from rlfactory.rollout.agent_loop import mix_seed
+    from rlfactory.data.seeds import mix_seed
 
     barrier = PhaseBarrier(len(tasks))
     loop = loop_cls(BarrierEngine(engine, barrier), BarrierTools(tools, barrier), chat, cfg)
@@ -233,8 +233,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from scripted_model import build_scripted_qwen3
 
+    from rlfactory.data.seeds import mix_seed
     from rlfactory.recipe.rollout import RolloutConfig
-    from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
+    from rlfactory.rollout.agent_loop import AgentLoop
     from rlfactory.rollout.chat import ChatFormat
     from rlfactory.rollout.engines.hf import HFEngine
     from rlfactory.tools.manager import ToolManager

@@ -34,6 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
@@ -51,15 +52,6 @@ if TYPE_CHECKING:
     from rlfactory.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 steps): per-trajectory and per-turn seeds that do not collide."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return x >> 1
-
 
 class _Builder:
     """The growing response of one trajectory; every append keeps ids, mask, logprobs and spans in step."""

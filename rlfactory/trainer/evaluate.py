@@ -11,12 +11,12 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.data.tasks import load_tasks
 from rlfactory.errors import RLFactoryError
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.reward import pass_at_k
-from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.engines.protocol import SamplingParams
 from rlfactory.rollout.horizon import max_horizon
 from rlfactory.rollout_side import RolloutSide, open_rollout_side

@@ -18,9 +18,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.step_row import step_row
-from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.engines.protocol import engine_counters
 from rlfactory.rollout.horizon import horizon_for_step, stage_for_step
 from rlfactory.rollout_side import RolloutSide, open_rollout_side

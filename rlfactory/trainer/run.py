@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog, reward_summary
 from rlfactory.report.run_folder import clear_run_outputs
 from rlfactory.report.run_report import write_report
 from rlfactory.report.transcripts import save_transcripts
-from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import MetricsLog, read_metrics, reward_summary
 from rlfactory.report.run_report import write_report
 from rlfactory.report.step_row import step_row
 from rlfactory.report.transcripts import save_transcripts
 from rlfactory.reward import combine_reward_metrics
-from rlfactory.rollout.agent_loop import mix_seed
 from rlfactory.rollout.horizon import stage_for_step
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.tools.counters import combine_counters

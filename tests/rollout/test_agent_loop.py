@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_model import build_scripted_qwen3
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.rollout import RolloutConfig
-from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
+from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.truncation import truncate_tokens

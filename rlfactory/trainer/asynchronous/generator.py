@@ -50,11 +50,12 @@ from typing import Any
 import torch
 from transformers.utils.logging import disable_progress_bar
 
+from rlfactory.data.seeds import mix_seed
 from rlfactory.data.tasks import TaskSampler, load_tasks
 from rlfactory.errors import RLFactoryError
 from rlfactory.models.devices import resolve_device
 from rlfactory.models.loading import load_policy, load_tokenizer
-from rlfactory.rollout.agent_loop import AgentLoop, mix_seed
+from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.engines.hf import HFEngine
 from rlfactory.rollout.engines.protocol import (
     FollowsWeights,
