@@ -101,6 +101,18 @@ class WebWorld:
             raise WebInfraError(f"the web site server is not running (exit code "
                                 f"{None if proc is None else proc.returncode}); restart the environment server")
 
+    def open_task(self, split: str, task_id: int) -> tuple[str, dict, str]:
+        """A new episode of task `task_id` of `split` with its own site state: (episode, task config, start URL).
+        WebInfraError when the sites are down or cannot open it."""
+        config = self.task(split, task_id)
+        self.check_sites()
+        episode = f"w{uuid.uuid4().hex[:16]}"
+        try:
+            self.sites.open_episode(episode, config.get("site_seed"))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise WebInfraError(f"opening the sites of episode {episode} failed: {e}") from e
+        return episode, config, fill(config["start_url"], self.sites.placeholders(episode))
+
     def evaluate(self, episode: str, config: dict, answer: str | None, final_url: str) -> EvalResult:
         """Score a finished episode on its own pages and databases (blocking: call it off any event loop)."""
         async def run() -> EvalResult:
@@ -161,15 +173,8 @@ class WebEnv:
 
     def reset(self, task_id: int = 0) -> StepResult:
         self.close()
-        config = self.world.task(self.split, task_id)
-        self.world.check_sites()
-        episode = f"w{uuid.uuid4().hex[:16]}"
-        try:
-            self.world.sites.open_episode(episode, config.get("site_seed"))
-        except (OSError, RuntimeError, ValueError) as e:
-            raise WebInfraError(f"opening the sites of episode {episode} failed: {e}") from e
+        episode, config, self.url = self.world.open_task(self.split, task_id)
         self.episode, self.config, self.steps, self.done, self.score = episode, config, 0, False, 0.0
-        self.url = fill(config["start_url"], self.world.sites.placeholders(episode))
         self.browser = BrowserEnv(self.world.host, max_chars=self.max_chars)
         first = self.browser.open(self.url, self._policy_urls(episode), confine_paths=True)
         self.page = first.observation

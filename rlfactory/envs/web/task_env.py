@@ -14,13 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
 
 from rlfactory.envs.types import EnvError, StepResult
 from rlfactory.envs.web.browser.policy import OriginPolicy
 from rlfactory.envs.web.browser.proxy import OriginProxy
-from rlfactory.envs.web.env import SPLITS, WebInfraError, WebWorld
-from rlfactory.envs.web.tasks.evaluator import fill
+from rlfactory.envs.web.env import SPLITS, WebWorld
 
 logger = logging.getLogger(__name__)
 
@@ -102,17 +100,10 @@ class WebTaskEnv:
 
     def reset(self, task_id: int = 0) -> StepResult:
         self.close()
-        config = self.world.task(self.split, task_id)
-        self.world.check_sites()
-        episode = f"w{uuid.uuid4().hex[:16]}"
-        try:
-            self.world.sites.open_episode(episode, config.get("site_seed"))
-        except (OSError, RuntimeError, ValueError) as e:
-            raise WebInfraError(f"opening the sites of episode {episode} failed: {e}") from e
+        episode, config, self.start_url = self.world.open_task(self.split, task_id)
         self.episode, self.config, self.done, self.score, self.parts = episode, config, False, 0.0, {}
         if self.gate is not None:
             self.gate.admit(episode)
-        self.start_url = fill(config["start_url"], self.world.sites.placeholders(episode))
         prefix = self.world.sites.episode_prefix(episode)
         return StepResult(
             observation=(f"Task: {config['intent']}\nStart URL: {self.start_url}\nThe task's sites are the pages "
