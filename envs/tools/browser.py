@@ -20,16 +20,15 @@ trajectory out of the loss; the browser is launched again for the next episode. 
 """
 from __future__ import annotations
 
-import base64
 import logging
 from typing import Annotated
 
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ImageContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from rlfactory.envs.mcp_server import EpisodeId, build_env_server, server_args
-from rlfactory.envs.results import error_result, no_episode
+from rlfactory.envs.results import png_content
 from rlfactory.envs.types import EnvError
 from rlfactory.envs.web.browser.adapter import CHROMIUM, BrowserSettings
 from rlfactory.envs.web.browser.host import BrowserEnv, BrowserHost
@@ -106,17 +105,7 @@ def main() -> None:
         return es.act(episode_id, ctx, lambda env: env.step(action))
 
     def screenshot(episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
-        key = es.keys.key(episode_id, ctx)
-        ep = es.registry.get(key)
-        if ep is None:
-            return no_episode(key, es.start_call)
-        with ep.lock:
-            try:
-                png = ep.env.screenshot()
-            except EnvError as e:
-                return error_result(e)
-        return CallToolResult(content=[ImageContent(type="image", data=base64.b64encode(png).decode(),
-                                                    mime_type="image/png")])
+        return es.look(episode_id, ctx, lambda ep, _key: CallToolResult(content=[png_content(ep.env.screenshot())]))
 
     if not by_task:
         es.add_tool(open, OPEN_DOC)

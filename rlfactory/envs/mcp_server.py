@@ -195,6 +195,20 @@ class EnvServer:
             state, picture = env_state(ep.env), env_picture(ep.env)
         return tool_result(result, ep, key, state, picture)
 
+    def look(self, episode_id: str, ctx: Context | None,
+             answer: Callable[[Episode[Any], str], CallToolResult]) -> CallToolResult:
+        """`answer(episode, key)` on the caller's open episode under its lock, taking no step (observe, a browser's
+        screenshot); an `EnvError` is an error result, no open episode the answer that names the call opening one."""
+        key = self.keys.key(episode_id, ctx)
+        ep = self.registry.get(key)
+        if ep is None:
+            return no_episode(key, self.start_call)
+        with ep.lock:
+            try:
+                return answer(ep, key)
+            except EnvError as e:
+                return error_result(e)
+
     def fork(self, episode_id: str, into: str, ctx: Context | None) -> CallToolResult:
         """Copy the caller's episode into a new episode named `into` (`Env.fork`), owned by the same connection;
         the copy's observation, score and state as the result."""
@@ -329,16 +343,8 @@ def build_env_server(
         return es.act(episode_id, ctx, lambda env: env.step(action))
 
     def observe(episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
-        key = es.keys.key(episode_id, ctx)
-        ep = es.registry.get(key)
-        if ep is None:
-            return no_episode(key, es.start_call)
-        with ep.lock:
-            try:
-                text, picture = ep.env.observe(), env_picture(ep.env)
-            except EnvError as e:
-                return error_result(e)
-        return tool_result(StepResult(observation=text), ep, key, picture=picture)
+        return es.look(episode_id, ctx, lambda ep, key: tool_result(
+            StepResult(observation=ep.env.observe()), ep, key, picture=env_picture(ep.env)))
 
     def close(episode_id: EpisodeId = "", ctx: Context | None = None) -> CallToolResult:
         key = es.keys.key(episode_id, ctx)

@@ -27,9 +27,13 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: st
     structured["task_id"] = result.info.get("task_id")
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=result.render())]
     if picture is not None:
-        content.append(ImageContent(type="image", data=base64.b64encode(picture).decode("ascii"),
-                                    mime_type="image/png"))
+        content.append(png_content(picture))
     return CallToolResult(content=content, structured_content=structured)
+
+
+def png_content(png: bytes) -> ImageContent:
+    """PNG bytes as an MCP image content block."""
+    return ImageContent(type="image", data=base64.b64encode(png).decode("ascii"), mime_type="image/png")
 
 
 def no_episode(key: str, start: str = "reset(task_id)") -> CallToolResult:
