@@ -51,13 +51,18 @@ class RunFolderBusy(RLFactoryError):
     """Another live run holds the run folder."""
 
 
+def run_markers(out: Path) -> list[str]:
+    """What of RUN_MARKERS `out` holds (empty: no run there)."""
+    return [name for name in RUN_MARKERS if (out / name).exists()] if out.is_dir() else []
+
+
 def refuse_to_replace(output_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
     """Raise when `output_dir` holds a run and neither `resume` nor `overwrite` is set. Call it with the folder's
     lock held (`lock_run_folder`), or a run that ends meanwhile can still be replaced."""
     out = Path(output_dir)
-    if resume or overwrite or not out.is_dir():
+    if resume or overwrite:
         return
-    found = [name for name in RUN_MARKERS if (out / name).exists()]
+    found = run_markers(out)
     if found:
         raise RLFactoryError(
             f"{out} already holds a run ({', '.join(found)}); nothing was started. Pass --resume to continue it, "
@@ -69,7 +74,7 @@ def refuse_dry_run_over_run(output_dir: str | os.PathLike[str]) -> None:
     """Raise when `output_dir` holds a run: a dry run writes its inputs (recipe, config) there and would leave the
     run's metrics beside a recipe that did not make them. `--resume` may check there (a resume rewrites them)."""
     out = Path(output_dir)
-    found = [name for name in RUN_MARKERS if (out / name).exists()] if out.is_dir() else []
+    found = run_markers(out)
     if found:
         raise RLFactoryError(
             f"{out} already holds a run ({', '.join(found)}); --dry-run writes the verl inputs into the run folder "
