@@ -10,42 +10,18 @@ RLFACTORY_PLAYWRIGHT_MCP_DIR) and run with npm offline; the test skips, saying w
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from playwright_mcp import NEEDED, offline, ref_of
 
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.mcp_configs import load_mcp_config
 from rlfactory.tools.types import ToolCall
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.0.86"
-INSTALL = Path(os.environ.get("RLFACTORY_PLAYWRIGHT_MCP_DIR", Path(sys.prefix) / "playwright-mcp"))
-
-
-def _missing() -> str | None:
-    if shutil.which("npx") is None or shutil.which("node") is None:
-        return "npx is not installed (apt-get install nodejs npm)"
-    node = subprocess.run(["node", "--version"], check=False, capture_output=True, text=True,
-                          timeout=30).stdout.strip()
-    if not re.fullmatch(r"v(\d+)\..*", node) or int(node[1:].split(".")[0]) < 20:
-        return f"@playwright/mcp needs Node.js 20 or later; this node is {node or 'unknown'}"
-    if not os.path.exists("/usr/bin/chromium"):
-        return "Debian's chromium is not installed (apt-get install chromium)"
-    pkg = INSTALL / "node_modules" / "@playwright" / "mcp" / "package.json"
-    if not pkg.is_file() or json.loads(pkg.read_text()).get("version") != VERSION:
-        return f"@playwright/mcp@{VERSION} is not installed in {INSTALL} (make install does it)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+pytestmark = NEEDED
 
 
 def _free_port() -> int:
@@ -54,20 +30,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ref_of(snapshot: str, role: str, name: str) -> str:
-    m = re.search(re.escape(f'{role} "{name}"') + r".*?\[ref=(\w+)\]", snapshot)
-    assert m, f"no {role} {name!r} in:\n{snapshot}"
-    return m.group(1)
-
-
 def _configs(port: int, out: Path) -> dict:
     cfgs = load_mcp_config(REPO / "mcp_configs" / "web_playwright_env.json")
     web, pw = cfgs["web"], cfgs["playwright"]
     assert "--browser" in web.args and "--proxy-server" in pw.args
     swap = {"8489": str(port), "http://127.0.0.1:8489": f"http://127.0.0.1:{port}"}
     web = dataclasses.replace(web, args=tuple(swap.get(a, a) for a in web.args))
-    pw = dataclasses.replace(pw, cwd=str(INSTALL), env={**pw.env, "npm_config_offline": "true"},
-                             args=(*(swap.get(a, a) for a in pw.args), "--output-dir", str(out)))
+    pw = offline(dataclasses.replace(pw, args=tuple(swap.get(a, a) for a in pw.args)), "--output-dir", str(out))
     return {"web": web, "playwright": pw}
 
 

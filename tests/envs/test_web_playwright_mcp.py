@@ -8,43 +8,17 @@ RLFACTORY_PLAYWRIGHT_MCP_DIR names); npx runs there with npm offline, so it uses
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from playwright_mcp import NEEDED, VERSION, offline, ref_of
 
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.mcp_configs import load_mcp_config
 from rlfactory.tools.types import ToolCall
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.0.86"
-INSTALL = Path(os.environ.get("RLFACTORY_PLAYWRIGHT_MCP_DIR", Path(sys.prefix) / "playwright-mcp"))
-
-
-def _installed() -> str | None:
-    """Why the server cannot run here, or None."""
-    if shutil.which("npx") is None or shutil.which("node") is None:
-        return "npx is not installed (apt-get install nodejs npm)"
-    node = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    if not re.fullmatch(r"v(\d+)\..*", node) or int(node[1:].split(".")[0]) < 20:
-        return f"@playwright/mcp needs Node.js 20 or later; this node is {node or 'unknown'}"
-    if not os.path.exists("/usr/bin/chromium"):
-        return "Debian's chromium is not installed (apt-get install chromium)"
-    pkg = INSTALL / "node_modules" / "@playwright" / "mcp" / "package.json"
-    if not pkg.is_file() or json.loads(pkg.read_text()).get("version") != VERSION:
-        return (f"@playwright/mcp@{VERSION} is not installed in {INSTALL} (make install does it: npm install --prefix "
-                f"{INSTALL} @playwright/mcp@{VERSION})")
-    return None
-
-
-pytestmark = pytest.mark.skipif(_installed() is not None, reason=str(_installed()))
+pytestmark = NEEDED
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +29,11 @@ def sites():
         yield s
 
 
-def ref_of(snapshot: str, role: str, name: str) -> str:
-    m = re.search(re.escape(f'{role} "{name}"') + r".*?\[ref=(\w+)\]", snapshot)
-    assert m, f"no {role} {name!r} in:\n{snapshot}"
-    return m.group(1)
-
-
 async def test_official_playwright_mcp_through_our_tool_layer(sites, tmp_path):
     cfg = load_mcp_config(REPO / "mcp_configs" / "playwright.json")["playwright"]
     assert cfg.args[0] == f"@playwright/mcp@{VERSION}" and "--isolated" in cfg.args and "--headless" in cfg.args
     # The shipped entry, run where the package is installed and offline; its origin rule and output folder added.
-    cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
-                              args=(*cfg.args, "--allowed-origins", sites.url, "--output-dir", str(tmp_path)))
+    cfg = offline(cfg, "--allowed-origins", sites.url, "--output-dir", str(tmp_path))
     async with ToolManager({"playwright": cfg}) as tm:
         names = {s.name for s in tm.specs}
         assert {"browser_navigate", "browser_snapshot", "browser_click", "browser_type", "browser_tabs"} <= names
@@ -93,8 +60,7 @@ async def test_official_playwright_mcp_contained_by_our_proxy(sites, tmp_path):
     notes: list[str] = []
     proxy = await OriginProxy(OriginPolicy.of([sites.url]), notes.append).start()
     cfg = load_mcp_config(REPO / "mcp_configs" / "playwright.json")["playwright"]
-    cfg = dataclasses.replace(cfg, cwd=str(INSTALL), env={**cfg.env, "npm_config_offline": "true"},
-                              args=(*cfg.args, "--proxy-server", proxy.url, "--output-dir", str(tmp_path)))
+    cfg = offline(cfg, "--proxy-server", proxy.url, "--output-dir", str(tmp_path))
     try:
         async with ToolManager({"playwright": cfg}) as tm:
             r = await tm.call(ToolCall(name="browser_navigate", arguments={"url": sites.url + "/hop"}))
