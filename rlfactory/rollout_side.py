@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 from rlfactory.envs.protocol import fork_tools, takes_episode
 from rlfactory.errors import ConfigError
 from rlfactory.models.loading import pad_id_of
-from rlfactory.models.vision import vision_of
+from rlfactory.models.vision import save_tokenizer, vision_of
 from rlfactory.recipe.schema import Recipe
 from rlfactory.reward import RewardSet
 from rlfactory.rollout.agent_loop import AgentLoop
@@ -133,7 +133,7 @@ def vllm_model_folder(recipe: Recipe, model: Any, tokenizer: Any, scratch: conte
         return path
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="rlfactory-vllm-model-")))
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
     return folder
 
 

@@ -73,14 +73,16 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
 
 def tiny_qwen3_vl_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 2, heads: int = 4,
                          kv_heads: int = 2, head_dim: int = 32, max_position_embeddings: int = 4096,
-                         vision_hidden_size: int = 32, vision_depth: int = 2) -> Any:
+                         vision_hidden_size: int = 32, vision_depth: int = 2, vision_heads: int = 2,
+                         intermediate_size: int | None = None) -> Any:
     """A `Qwen3VLConfig` at toy size: the Qwen3 text stack above (with multimodal RoPE: the head's 16 rotary
     frequency pairs split 8/4/4 over time, height and width, interleaved as in Qwen3-VL) under a 2-block vision
     tower (16-pixel patches, 2x2 merge: one image token per 32x32 pixels, deepstack from its first block)."""
     from transformers import Qwen3VLConfig
 
     text = tiny_qwen3_config(vocab_size, hidden_size=hidden_size, num_layers=num_layers, heads=heads,
-                             kv_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_position_embeddings)
+                             kv_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_position_embeddings,
+                             intermediate_size=intermediate_size)
     text_fields = {k: getattr(text, k) for k in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range", "pad_token_id")}
@@ -89,7 +91,7 @@ def tiny_qwen3_vl_config(vocab_size: int, hidden_size: int = 64, num_layers: int
                                       "mrope_section": [half // 2, half // 4, half - half // 2 - half // 4],
                                       "mrope_interleaved": True}
     vision = dict(depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,
-                  num_heads=2, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  num_heads=vision_heads, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
                   out_hidden_size=hidden_size, num_position_embeddings=64, deepstack_visual_indexes=[0])
     config = Qwen3VLConfig(text_config=text_fields, vision_config=vision, tie_word_embeddings=False)
     config.architectures = ["Qwen3VLForConditionalGeneration"]

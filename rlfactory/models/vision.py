@@ -195,3 +195,12 @@ def tiny_vision_processor(tokenizer: Any) -> VisionProcessor:
 def vl_chat_template() -> str:
     """The project's Qwen3-VL chat template (models/templates/qwen3_vl.jinja)."""
     return (Path(__file__).parent / "templates" / "qwen3_vl.jinja").read_text(encoding="utf-8")
+
+
+def save_tokenizer(tokenizer: Any, folder: str | Path) -> None:
+    """Save a policy's tokenizer into a model folder, with a VL policy's image processor settings
+    (preprocessor_config.json), so the folder loads back as the same policy (`load_vision_processor`)."""
+    tokenizer.save_pretrained(str(folder))
+    vision = vision_of(tokenizer)
+    if vision is not None:
+        vision.image_processor.save_pretrained(str(folder))

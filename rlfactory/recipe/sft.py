@@ -8,6 +8,24 @@ from pydantic import Field, model_validator
 from rlfactory.recipe.section import Section
 
 
+class ScratchVisionConfig(Section):
+    """The vision tower of a Qwen3-VL trained from scratch (16-pixel patches, 2x2 merge: one image token per 32x32
+    pixels; images resized to between 1 and 64 tokens, as `tiny-random-vl`'s processor does)."""
+
+    hidden_size: int = Field(64, ge=8)
+    """Width of the vision blocks (their MLP is twice as wide)."""
+    depth: int = Field(2, ge=1)
+    """Vision blocks."""
+    num_heads: int = Field(2, ge=1)
+    """Attention heads of a vision block; must divide hidden_size."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ScratchVisionConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        return self
+
+
 class ScratchModelConfig(Section):
     """Shape of a Qwen3 model trained from scratch (the vocabulary size comes from the tokenizer)."""
 
@@ -25,6 +43,9 @@ class ScratchModelConfig(Section):
     """Width of the MLP."""
     max_position_embeddings: int = Field(1024, ge=16)
     """Longest sequence (prompt + response) the model is built for."""
+    vision: ScratchVisionConfig | None = None
+    """Set: a Qwen3-VL (this text stack under a vision tower) that reads the images tools return, with a tokenizer
+    holding Qwen-VL's image tokens and the Qwen3-VL chat template; unset: a text-only Qwen3."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ScratchModelConfig":
@@ -66,6 +87,10 @@ class DemoSetConfig(Section):
     policy: Literal["calculator", "textcraft", "babyai", "web"] = "calculator"
     """The scripted demonstrator: `calculator` (arithmetic tasks, the calculator tool) or an environment solver
     that plays `tasks_file`'s tasks through the environment's server (rlfactory/warmup/env_demos.py)."""
+    tool: str = "calculator"
+    """The calculator demonstrator's tool: `calculator` (the result as text) or any tool taking the same
+    `expression`, e.g. the digits_image server's `calculator_picture`, whose result is only in the picture it returns
+    (the demonstration then answers the task's reference answer, which the picture shows)."""
     styles: dict[str, float] = Field(default_factory=dict)
     """Environment demonstrators: weights of their styles (textcraft: plan; babyai: walk, macro); empty = the
     first style only."""
@@ -84,6 +109,9 @@ class DemoSetConfig(Section):
                              f"pkg://rlfactory.envs.tools/data/tasks/{self.policy}_agentgym_train.jsonl)")
         if self.policy == "calculator" and self.styles:
             raise ValueError("styles are for environment demonstrators; the calculator uses direct_fraction")
+        if self.policy != "calculator" and self.tool != "calculator":
+            raise ValueError("tool is the calculator demonstrator's; environment demonstrators call their server's "
+                             "step tool")
         return self
 
 

@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.models.vision import save_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def save_checkpoint(
         else:
             model.save_pretrained(tmp / "model", safe_serialization=True)
             if tokenizer is not None:
-                tokenizer.save_pretrained(tmp / "model")
+                save_tokenizer(tokenizer, tmp / "model")  # a VL policy's image processor too
         torch.save({"optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / "optimizer.pt")
         torch.save(rng_state(), tmp / "rng.pt")

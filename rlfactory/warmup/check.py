@@ -5,7 +5,8 @@ correct call and to copy the tool's result. So after SFT we roll out validation 
 and the recipe's real tools, exactly as in training) and report:
 - `call_rate`: share of trajectories that call a tool at all;
 - `call_accuracy`: of those, the share whose first call equals the scripted policy's call for the task;
-- `copy_accuracy`: of trajectories whose first call succeeded, the share whose `<answer>` is the tool's result;
+- `copy_accuracy`: of trajectories whose first call succeeded, the share whose `<answer>` is the tool's result (for
+  a result that is a picture, such as `calculator_picture`'s, the task's answer, which the picture shows);
 - `reward`: end-to-end exact match with the task's answer.
 The start is usable when call and copy accuracy reach the configured bars (copying "switches on" at a step that
 depends on the seed, so this is checked, not assumed) and the model neither always nor never calls the tool.
@@ -23,6 +24,7 @@ from typing import Any
 
 from rlfactory.data.tasks import load_tasks
 from rlfactory.envs.protocol import task_env
+from rlfactory.models.vision import vision_of
 from rlfactory.recipe.schema import Recipe
 from rlfactory.recipe.sft import SFTCheckConfig
 from rlfactory.rewards.env import env_success
@@ -39,20 +41,22 @@ def _answer(text: str) -> str:
     return extract_answer(text).strip()
 
 
-def score_trajectories(trajs: list[Any]) -> dict[str, float]:
-    """The check's figures for finished trajectories (see the module docstring)."""
+def score_trajectories(trajs: list[Any], tool_name: str = "calculator") -> dict[str, float]:
+    """The check's figures for finished trajectories (see the module docstring); `tool_name`: the tool the
+    demonstrations called."""
     n = len(trajs)
     calls = [t for t in trajs if t.tool_calls]
     right_calls = 0
     for t in calls:
         try:
-            expected = calculator_policy(t.task)
+            expected = calculator_policy(t.task, tool_name)
         except ValueError:
             continue
         first = t.tool_calls[0]
         right_calls += first.name == expected["name"] and (first.arguments or {}) == expected["arguments"]
     ok_calls = [t for t in calls if not t.tool_calls[0].is_error]
-    copies = sum(_answer(t.completion) == t.tool_calls[0].result.strip() for t in ok_calls)
+    copies = sum(_answer(t.completion) == (t.tool_calls[0].result.strip() or str(t.task.get("answer", "")).strip())
+                 for t in ok_calls)
     correct = sum(_answer(t.completion) == str(t.task.get("answer", "")).strip() for t in trajs)
     return {
         "trajectories": n,
@@ -91,12 +95,12 @@ def check_tasks_file(recipe: Recipe, cfg: SFTCheckConfig) -> str | None:
 
 
 async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, tokenizer: Any, manager: Any,
-                             seed: int = 0) -> dict[str, Any]:
+                             seed: int = 0, tool_name: str = "calculator") -> dict[str, Any]:
     """Roll out `cfg.tasks` validation tasks (one sample each, at `cfg.temperature`) and judge the start."""
     tasks = load_tasks(check_tasks_file(recipe, cfg), recipe.data, limit=cfg.tasks)
     chat = ChatFormat.for_rollout(tokenizer, manager.openai_schemas(), recipe.rollout)
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=chat.stop_token_ids,
-                      tokenizer=tokenizer, device=next(model.parameters()).device)
+                      tokenizer=tokenizer, device=next(model.parameters()).device, vision=vision_of(tokenizer))
     try:
         loop = AgentLoop(engine, manager, chat, recipe.rollout)
         sampling = loop.default_sampling().model_copy(update={"temperature": cfg.temperature})
@@ -113,7 +117,7 @@ async def usable_start_check(recipe: Recipe, cfg: SFTCheckConfig, model: Any, to
             "is NOT" if figures["problems"] else "is", figures["success"], figures["turns_mean"],
             f" ({'; '.join(figures['problems'])})" if figures["problems"] else "")
         return figures
-    figures = score_trajectories(trajs)
+    figures = score_trajectories(trajs, tool_name)
     problems = []
     if figures["call_accuracy"] < cfg.min_call_accuracy:
         problems.append(f"call accuracy {figures['call_accuracy']:.2f} < {cfg.min_call_accuracy}")

@@ -4,6 +4,10 @@ A demonstration is a transcript (`{"id", "messages", "tools", "answer", "style"}
 - `tool` style: the assistant emits a correct `<tool_call>` for the task, the REAL tool (through the ToolManager, so
   the same server, arguments and response text as in rollouts) answers, and the assistant copies the tool's result
   into `<answer>...</answer>`.
+  A tool that answers with a picture (the digits_image server's `calculator_picture`: MCP `ImageContent`, no text)
+  gives a tool message whose content is parts: its text, if any, then one `{"type": "image", "data_b64", "mime_type",
+  ...}` part per image; the assistant answers the task's reference answer, which the picture shows (a picture is not
+  compared with the answer: the server draws the calculator's exact result).
 - `direct` style: the assistant answers `<answer>...</answer>` at once with the reference answer. For tasks whose
   answer the model cannot compute (4-digit multiplication for a 3 M-parameter model) this teaches the *form* of a
   direct answer but not its content, so a warmed-up model sometimes calls the tool and sometimes guesses: the mix
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rlfactory.tools.format import response_text
-from rlfactory.tools.types import ToolCall
+from rlfactory.tools.types import ToolCall, ToolImage
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +69,14 @@ def answer_text(value: str) -> str:
     return f"<answer>{value.strip()}</answer>"
 
 
-def tool_demo(task: dict[str, Any], call: dict[str, Any], tool_text: str) -> dict[str, Any]:
-    """A transcript: user prompt, the call, the real tool response (as the model sees it), the answer copied."""
+def tool_demo(task: dict[str, Any], call: dict[str, Any], tool_text: str,
+              images: Sequence[ToolImage] = ()) -> dict[str, Any]:
+    """A transcript: user prompt, the call, the real tool response (as the model sees it), the answer copied (the
+    task's reference answer when the result is a picture: `images`)."""
+    content: str | list[dict[str, Any]] = tool_text
+    if images:
+        content = ([{"type": "text", "text": tool_text}] if tool_text else []) + [
+            {"type": "image", **im.model_dump()} for im in images]
     return {
         "id": task.get("id"),
         "style": "tool",
@@ -74,8 +84,8 @@ def tool_demo(task: dict[str, Any], call: dict[str, Any], tool_text: str) -> dic
         "messages": [
             {"role": "user", "content": task["prompt"]},
             {"role": "assistant", "content": render_tool_call(call["name"], call["arguments"])},
-            {"role": "tool", "content": tool_text},
-            {"role": "assistant", "content": answer_text(tool_text)},
+            {"role": "tool", "content": content},
+            {"role": "assistant", "content": answer_text(str(task["answer"]) if images else tool_text)},
         ],
     }
 
@@ -115,7 +125,7 @@ async def generate_demos(
         [ToolCall(name=c["name"], arguments=c["arguments"], id=str(i)) for i, c in calls.items()]
     )
     by_index = dict(zip(calls.keys(), results))
-    demos, stats = [], {"tool": 0, "direct": 0, "tool_errors": 0, "wrong_results": 0}
+    demos, stats = [], {"tool": 0, "direct": 0, "tool_errors": 0, "wrong_results": 0, "pictures": 0}
     for i, task in enumerate(tasks):
         if i in direct_ids:
             demo = direct_demo(task)
@@ -124,10 +134,16 @@ async def generate_demos(
             if res.is_error:
                 stats["tool_errors"] += 1
                 continue
-            if task.get("answer") is not None and res.text.strip() != str(task["answer"]).strip():
+            if res.images:
+                if task.get("answer") is None:
+                    raise ValueError(f"task {task.get('id')!r}: a picture result needs the task's answer to copy")
+                stats["pictures"] += 1
+                demo = tool_demo(task, calls[i], res.text, res.images)
+            elif task.get("answer") is not None and res.text.strip() != str(task["answer"]).strip():
                 stats["wrong_results"] += 1
                 continue
-            demo = tool_demo(task, calls[i], response_text(res))
+            else:
+                demo = tool_demo(task, calls[i], response_text(res))
         if system_prompt:
             demo["messages"].insert(0, {"role": "system", "content": system_prompt})
         demo["tools"] = tools

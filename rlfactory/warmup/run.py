@@ -10,6 +10,7 @@ models come warm from their authors), and packing several transcripts into one s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -23,8 +24,9 @@ from rlfactory.data.tasks import read_rows
 from rlfactory.errors import ConfigError
 from rlfactory.models.devices import resolve_device
 from rlfactory.models.folder import read_model_config
-from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer, load_tokenizer_from
-from rlfactory.models.tiny import build_tiny_qwen3
+from rlfactory.models.loading import build_tiny_random, is_tiny_random, load_model, load_tokenizer
+from rlfactory.models.tiny import build_tiny_qwen3, build_tiny_qwen3_vl
+from rlfactory.models.vision import attach_vision, tiny_vision_processor, vision_of
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import format_validation_errors
 from rlfactory.recipe.schema import Recipe, _abs
@@ -35,7 +37,7 @@ from rlfactory.tools.manager import ToolManager
 from rlfactory.warmup.check import check_tasks_file, usable_start_check
 from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
 from rlfactory.warmup.env_demos import ENV_POLICIES, generate_env_demos
-from rlfactory.warmup.sft import encode_transcript, save_model, train_phases
+from rlfactory.warmup.sft import encode_example, save_model, train_phases
 from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
                 d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
             if d.policy == "calculator":
                 demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
-                                                    policy=calculator_policy,
+                                                    policy=functools.partial(calculator_policy, tool_name=d.tool),
                                                     system_prompt=recipe.rollout.system_prompt)
             else:
                 if len(tasks) < d.n:  # an environment's task file is finite: go round it again
@@ -149,14 +151,21 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
         model = load_model(recipe.model.path, dtype="float32", device="cpu")
     else:
         s = sft.scratch_model
-        model = build_tiny_qwen3(
-            len(tokenizer), seed=sft.seed, hidden_size=s.hidden_size, num_layers=s.num_hidden_layers,
-            heads=s.num_attention_heads, kv_heads=s.num_key_value_heads, head_dim=s.head_dim,
-            intermediate_size=s.intermediate_size,
-            max_position_embeddings=s.max_position_embeddings, tie_word_embeddings=True,
-        )
+        shape = dict(hidden_size=s.hidden_size, num_layers=s.num_hidden_layers, heads=s.num_attention_heads,
+                     kv_heads=s.num_key_value_heads, head_dim=s.head_dim, intermediate_size=s.intermediate_size,
+                     max_position_embeddings=s.max_position_embeddings)
+        if s.vision is None:
+            model = build_tiny_qwen3(len(tokenizer), seed=sft.seed, tie_word_embeddings=True, **shape)
+        else:
+            model = build_tiny_qwen3_vl(len(tokenizer), seed=sft.seed, vision_hidden_size=s.vision.hidden_size,
+                                        vision_depth=s.vision.depth, vision_heads=s.vision.num_heads, **shape)
+            vision = vision_of(tokenizer)
+            assert vision is not None  # run_sft attaches the processor to a VL scratch tokenizer
+            model.config.image_token_id = vision.image_token_id
+            model.config.vision_start_token_id = vision.vision_start_id
+            model.config.vision_end_token_id = vision.vision_end_id
         # The tokenizer is our own, so its ids (not Qwen's) are the special ones.
-        for cfg in (model.config, model.generation_config):
+        for cfg in (getattr(model.config, "text_config", model.config), model.config, model.generation_config):
             cfg.pad_token_id = tokenizer.pad_token_id
             cfg.eos_token_id = tokenizer.eos_token_id
             cfg.bos_token_id = None
@@ -195,10 +204,13 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
                                     vocab_size=sft.tokenizer.vocab_size, min_frequency=sft.tokenizer.min_frequency,
                                     model_max_length=sft.scratch_model.max_position_embeddings,
                                     enable_thinking=recipe.rollout.enable_thinking,
-                                    environment_words=sft.tokenizer.environment_words)
+                                    environment_words=sft.tokenizer.environment_words,
+                                    vision=sft.scratch_model.vision is not None)
         problems = check_tokenizer(tokenizer)
         if problems:
             raise RuntimeError("the built tokenizer is unusable: " + "; ".join(problems))
+        if sft.scratch_model.vision is not None:
+            attach_vision(tokenizer, tiny_vision_processor(tokenizer))
     else:
         # the recipe's tokenizer rules (tokenizer.path, qwen3-offline, tiny-random, the model folder's own)
         tokenizer = load_tokenizer(recipe)
@@ -210,10 +222,10 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
     tools = next((t.get("tools") for rows in phase_data.values() for t in rows if t.get("tools")), None)
     chat = ChatFormat(tokenizer, tools, enable_thinking=recipe.rollout.enable_thinking,
                       system_prompt=recipe.rollout.system_prompt)
-    encoded = {name: [encode_transcript(chat, t["messages"]) for t in rows] for name, rows in phase_data.items()}
-    lengths = [len(ids) for rows in encoded.values() for ids, _ in rows]
+    encoded = {name: [encode_example(chat, t["messages"]) for t in rows] for name, rows in phase_data.items()}
+    lengths = [len(e[0]) for rows in encoded.values() for e in rows]
     # Prompt length = tokens before the first policy token, averaged over the transcripts.
-    prompt_lengths = [mask.index(1) for rows in encoded.values() for _, mask in rows]
+    prompt_lengths = [e[1].index(1) for rows in encoded.values() for e in rows]
     prompt_tokens = sum(prompt_lengths) / len(prompt_lengths)
     if progress:
         progress("model", {"parameters": n_params, "vocab": len(tokenizer), "prompt_tokens": prompt_tokens,
@@ -226,6 +238,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
         model, phase_examples(sft.phases, encoded), batch_size=sft.batch_size,
         pad_id=tokenizer.pad_token_id, grad_clip=sft.grad_clip, weight_decay=sft.weight_decay, betas=sft.betas,
         seed=sft.seed, on_step=(lambda row: progress("step", row)) if progress else None,
+        vision=vision_of(tokenizer),
     )
     train_s = time.perf_counter() - t_train
     out = save_model(model, tokenizer, sft.output_dir)
@@ -268,9 +281,10 @@ async def check_model(recipe: Recipe, sft: SFTConfig, model: Any = None, tokeniz
         return {}
     if model is None:
         model = load_model(sft.output_dir, dtype="float32", device=resolve_device(sft.device))
-        tokenizer = load_tokenizer_from(sft.output_dir, field="sft.output_dir")
+        tokenizer = load_tokenizer(recipe, model_path=sft.output_dir)  # a VL folder: with its image processor
     async with ToolManager.from_recipe(recipe.tools) as manager:
-        check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed)
+        tool = next((d.tool for d in sft.demos if d.policy == "calculator"), "calculator")
+        check = await usable_start_check(recipe, sft.check, model, tokenizer, manager, seed=sft.seed, tool_name=tool)
     if progress:
         progress("check", check)
     return check

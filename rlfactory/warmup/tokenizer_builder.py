@@ -29,6 +29,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 from rlfactory.models.tokenizer import attach_chat_template
+from rlfactory.models.vision import vl_chat_template
 
 logger = logging.getLogger(__name__)
 _WORD = re.compile(r"(?<= )[a-z]+")
@@ -40,10 +41,14 @@ FORMAT_TOKENS: tuple[str, ...] = (
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
     "<answer>", "</answer>",
 )
+# A vision-language policy's image tokens (Qwen-VL's), special as in Qwen: the placeholder run of an image sits
+# between the start and end tokens (rlfactory/models/vision.py expands it).
+VISION_TOKENS: tuple[str, ...] = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
 
 
-def _empty_byte_level_tokenizer() -> Any:
-    """A byte-level BPE with no merges yet: digits split, no regex, Qwen's special tokens registered."""
+def _empty_byte_level_tokenizer(vision: bool = False) -> Any:
+    """A byte-level BPE with no merges yet: digits split, no regex, Qwen's special tokens registered (and its image
+    tokens with `vision`)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -51,13 +56,15 @@ def _empty_byte_level_tokenizer() -> Any:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in CONTROL_TOKENS + (VISION_TOKENS if vision else ())])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
     return tok
 
 
-def _wrap(tok: Any, model_max_length: int) -> Any:
-    """Wrap a `tokenizers.Tokenizer` as an HF tokenizer with Qwen3's chat template and special-token roles."""
+def _wrap(tok: Any, model_max_length: int, vision: bool = False) -> Any:
+    """Wrap a `tokenizers.Tokenizer` as an HF tokenizer with Qwen3's chat template (Qwen3-VL's with `vision`) and
+    special-token roles."""
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",  # Qwen3 chat models end a turn (and generation) with <|im_end|>
@@ -67,6 +74,8 @@ def _wrap(tok: Any, model_max_length: int) -> Any:
         clean_up_tokenization_spaces=False,
     )
     attach_chat_template(hf)
+    if vision:
+        hf.chat_template = vl_chat_template()
     return hf
 
 
@@ -85,8 +94,14 @@ def render_transcripts(
 
 def _template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     # Demonstration transcripts keep the policy's raw text (tool calls inline), as rollouts do; the template only
-    # needs role and content.
-    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+    # needs role and content. Images are left out: their placeholders are special tokens, never merged.
+    return [{"role": m["role"], "content": _text_of(m.get("content"))} for m in messages]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
 
 
 def environment_words_of(transcripts: Sequence[dict[str, Any]], system_turn: str, min_count: int = 2) -> list[str]:
@@ -108,22 +123,24 @@ def build_tokenizer(
     min_frequency: int = 2,
     enable_thinking: bool = False,
     environment_words: bool = False,
+    vision: bool = False,
 ) -> Any:
     """Train the tokenizer on rendered transcripts and return it as a `PreTrainedTokenizerFast`.
 
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
     times, so the result may be smaller. `environment_words`: the words of `environment_words_of` are added as
-    whole tokens, each with its leading space, beyond `vocab_size`.
+    whole tokens, each with its leading space, beyond `vocab_size`. `vision`: with Qwen-VL's image tokens and the
+    Qwen3-VL chat template, for a vision-language policy.
     """
     if not transcripts:
         raise ValueError("build_tokenizer needs at least one transcript to train on")
-    base = _empty_byte_level_tokenizer()
+    base = _empty_byte_level_tokenizer(vision)
     # Rendering needs only the template, not the vocabulary: render with the merge-less tokenizer, then train it.
-    texts = render_transcripts(_wrap(base, model_max_length), transcripts, enable_thinking=enable_thinking)
+    texts = render_transcripts(_wrap(base, model_max_length, vision), transcripts, enable_thinking=enable_thinking)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(CONTROL_TOKENS) + list(FORMAT_TOKENS),
+        special_tokens=list(CONTROL_TOKENS) + list(VISION_TOKENS if vision else ()) + list(FORMAT_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -134,7 +151,7 @@ def build_tokenizer(
         # Matched in the raw text before the merges, longest first: " redstone" is one token, not " red" + "stone".
         base.add_tokens([AddedToken(" " + w, special=False, normalized=False) for w in words])
         logger.info("tokenizer: %d environment words as whole tokens", len(words))
-    hf = _wrap(base, model_max_length)
+    hf = _wrap(base, model_max_length, vision)
     lengths = [len(hf(t, add_special_tokens=False)["input_ids"]) for t in texts[:256]]
     logger.info("tokenizer: vocab %d, transcript length %.1f tokens on average (%d sampled)",
                 len(hf), sum(lengths) / len(lengths), len(lengths))
@@ -144,7 +161,8 @@ def build_tokenizer(
 def check_tokenizer(tokenizer: Any) -> list[str]:
     """Problems with a built tokenizer (empty list = fine): specials must be single ids, digits single tokens."""
     problems = []
-    for t in CONTROL_TOKENS + FORMAT_TOKENS:
+    vision = VISION_TOKENS if VISION_TOKENS[-1] in tokenizer.get_vocab() else ()
+    for t in CONTROL_TOKENS + vision + FORMAT_TOKENS:
         ids = tokenizer.encode(t, add_special_tokens=False)
         if len(ids) != 1:
             problems.append(f"{t} encodes to {len(ids)} ids, expected 1")
