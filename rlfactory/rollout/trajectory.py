@@ -68,6 +68,10 @@ class TrajectoryImage(ToolImage):
     """The assistant turn whose tool call returned it; None for an image of the task's prompt."""
     tool: str | None = None
     """The tool that returned it; None for the prompt's."""
+    omitted: str | None = None
+    """Saved transcripts only (report/transcript_images.py): why `data_b64` is empty there: `repeat` (an earlier
+    record of the trajectory holds the same sha256's bytes) or the note of the transcript's image cap. Always None in
+    a trajectory the loop made."""
 
 
 class Branch(BaseModel):
