@@ -3,7 +3,8 @@
 rules, so what is saved and what is drawn cannot drift apart.
 
 Saving. A trajectory's `images` hold every image its policy saw (a vision-language policy's prompt pictures and
-tool results), in token order, bytes included: a pixel environment's episode of many turns, saved for every sampled
+tool results), in token order, bytes included (and its `unseen_images`, with `rollout.keep_unseen_images`, those a
+text-only policy read a note for instead): a pixel environment's episode of many turns, saved for every sampled
 trajectory of every step, would grow without bound. So a saved trajectory keeps the bytes of each distinct image
 (by sha256) once, at its first record; a later record of the same image keeps its place, size, tool and sha256 and
 says `omitted="repeat"`. Past `max_bytes` (decoded, per trajectory: `trainer.log.transcript_image_bytes`) the bytes
@@ -15,24 +16,25 @@ Showing. Each image appears at the turn whose tool returned it (a prompt's at th
 sha256. A repeat shows the bytes of its first record again. Only the formats `tools/images.py` accepts, as
 base64, reach a `src`; anything else in a hand-edited file becomes a note, and every text is escaped.
 
-Left out: images a text-only policy was not shown (they were never recorded; its tool turn holds the note the
-policy read instead, which the viewer shows as text), sharing bytes across the trajectories of one file (each line
-stays readable on its own), and resizing or re-encoding images to save space.
+Left out: images a text-only policy was not shown, unless the run kept them (`rollout.keep_unseen_images`; its
+tool turn always holds the note the policy read instead, which the viewer shows as text), sharing bytes across the
+trajectories of one file (each line stays readable on its own), and resizing or re-encoding images to save space.
 """
 from __future__ import annotations
 
 import html
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from rlfactory.recipe.training import LogConfig
-from rlfactory.rollout.trajectory import Trajectory, TrajectoryImage
+from rlfactory.rollout.trajectory import SavedImage, Trajectory
 from rlfactory.tools.images import ALLOWED_FORMATS
 
 DEFAULT_TRANSCRIPT_IMAGE_BYTES: int = LogConfig.model_fields["transcript_image_bytes"].default
 """Image bytes a saved trajectory keeps by default (the recipe's `trainer.log.transcript_image_bytes`)."""
 
 REPEAT = "repeat"
+I = TypeVar("I", bound=SavedImage)
 _MIMES = frozenset(ALLOWED_FORMATS.values())
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _MIN_SHOWN_PX = 160
@@ -49,26 +51,29 @@ CSS = """
 
 
 def bounded(t: Trajectory, max_bytes: int = DEFAULT_TRANSCRIPT_IMAGE_BYTES) -> Trajectory:
-    """`t` as a transcript saves it: each distinct image's bytes once, at most `max_bytes` of them (see the module
-    docstring); `t` itself is left unchanged."""
-    if not t.images:
+    """`t` as a transcript saves it: each distinct image's bytes once, at most `max_bytes` of them, the images the
+    policy saw first (see the module docstring); `t` itself is left unchanged."""
+    if not t.images and not t.unseen_images:
         return t
     kept: set[str] = set()
-    used, out = 0, []
-    for im in t.images:
+    used = 0
+
+    def keep(im: I) -> I:
+        nonlocal used
         if im.omitted is not None or not im.data_b64:  # bounded before: nothing more to take away
-            out.append(im)
-        elif im.sha256 in kept:
-            out.append(im.model_copy(update={"data_b64": "", "omitted": REPEAT}))
-        elif used + im.num_bytes > max_bytes:
-            out.append(im.model_copy(update={"data_b64": "", "omitted": (
+            return im
+        if im.sha256 in kept:
+            return im.model_copy(update={"data_b64": "", "omitted": REPEAT})
+        if used + im.num_bytes > max_bytes:
+            return im.model_copy(update={"data_b64": "", "omitted": (
                 f"not saved: the trajectory's images would take {used + im.num_bytes} bytes, over "
-                f"trainer.log.transcript_image_bytes ({max_bytes})")}))
-        else:
-            kept.add(im.sha256)
-            used += im.num_bytes
-            out.append(im)
-    return t.model_copy(update={"images": out})
+                f"trainer.log.transcript_image_bytes ({max_bytes})")})
+        kept.add(im.sha256)
+        used += im.num_bytes
+        return im
+
+    images = [keep(im) for im in t.images]
+    return t.model_copy(update={"images": images, "unseen_images": [keep(im) for im in t.unseen_images]})
 
 
 def _e(value: Any) -> str:
@@ -84,9 +89,11 @@ class TrajectoryFigures:
     calls of assistant turn k returned."""
 
     def __init__(self, t: Trajectory):
-        self._bytes = {im.sha256: im.data_b64 for im in t.images if im.data_b64 and im.omitted is None}
-        self._at: dict[int | None, list[TrajectoryImage]] = {}
-        for im in t.images:
+        both = [*t.images, *t.unseen_images]
+        self._bytes = {im.sha256: im.data_b64 for im in both if im.data_b64 and im.omitted is None}
+        self._unseen = {id(im) for im in t.unseen_images}
+        self._at: dict[int | None, list[SavedImage]] = {}
+        for im in both:
             self._at.setdefault(im.turn, []).append(im)
 
     def __len__(self) -> int:
@@ -96,13 +103,15 @@ class TrajectoryFigures:
         images = self._at.get(turn, [])
         return f'<div class="timgs">{"".join(self._figure(im) for im in images)}</div>' if images else ""
 
-    def _figure(self, im: TrajectoryImage) -> str:
+    def _figure(self, im: SavedImage) -> str:
         where = im.tool or "the prompt"
         data = im.data_b64 or self._bytes.get(im.sha256, "")
         size = _size(len(data) * 3 // 4 - data[-2:].count("=")) if data else "?"
         caption = f"{im.width}×{im.height} {im.mime_type} · {size} · {where} · sha256 {im.sha256[:12]}"
+        if id(im) in self._unseen:
+            caption += " · not shown to the policy (it read a note)"
         if im.omitted == REPEAT:
-            caption += " · seen before in this trajectory"
+            caption += " · an earlier image's repeat"
         if not data:
             why = im.omitted if im.omitted and im.omitted != REPEAT else "not saved"
             return f'<div class="timg-note">image {_e(caption)}: {_e(why)}</div>'

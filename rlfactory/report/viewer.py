@@ -194,7 +194,7 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
     meta.append(f"{len(t.prompt_ids)} prompt + {len(t.response_ids)} response tokens ({policy_tokens} policy)")
     figures = TrajectoryFigures(t)
     if len(figures):
-        meta.append(f"{len(figures)} image{'s' if len(figures) != 1 else ''} seen")
+        meta.append(f"{len(figures)} image{'s' if len(figures) != 1 else ''}")
     if t.timings:
         meta.append(_e(" ".join(f"{k}={v:.2f}" for k, v in t.timings.items())))
 

@@ -79,12 +79,12 @@ async def web_tools():
         yield tools
 
 
-async def _episode(tools: ToolManager, tok: Any):
+async def _episode(tools: ToolManager, tok: Any, **rollout):
     chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
     policy = ScriptedBrowsing(tok)
     loop = AgentLoop(policy, tools, chat, RolloutConfig(
         max_context_tokens=32768, max_response_tokens=30000, tool_response_max_tokens=8192,
-        max_tool_calls_per_turn=1, sampling={"temperature": 1.0, "max_new_tokens_per_turn": 64}))
+        max_tool_calls_per_turn=1, sampling={"temperature": 1.0, "max_new_tokens_per_turn": 64}, **rollout))
     traj = await loop.run_one({"id": "shop", "prompt": "Do the web task.", "env": {"server": "web", "task_id": 0}},
                               horizon=4)
     assert traj.finish_reason == "env_done", (traj.finish_reason, traj.error)
@@ -134,6 +134,18 @@ async def test_the_page_text_a_text_policy_read_is_its_tool_turn_with_the_screen
     assert len(lines) > FOLD_LINES and '<details class="rest">' in page
     assert _escaped(lines[0]) in page and _escaped(lines[-1]) in page
     assert "score=0 done=true" in stopped.result and _escaped(stopped.result) in page
+
+
+async def test_a_text_policys_run_can_keep_the_screenshots_it_did_not_see_for_the_viewer(web_tools, qwen_tokenizer):
+    traj, policy = await _episode(web_tools, qwen_tokenizer, keep_unseen_images=True)
+    assert traj.images == [] and policy.images_seen == [0, 0]  # the policy still reads notes only
+    assert "not shown: this model cannot see images" in traj.tool_calls[0].result
+    assert [(im.turn, im.tool, im.width, im.height) for im in traj.unseen_images] == [
+        (None, None, 1280, 720), (0, "web.step", 1280, 720), (1, "web.step", 1280, 720)]
+    page = render_html([traj])
+    parser = _Imgs()
+    parser.feed(page)
+    assert len(parser.srcs) == 3 and page.count("not shown to the policy (it read a note)") == 3
 
 
 def _escaped(text: str) -> str:

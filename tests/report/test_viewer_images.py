@@ -76,7 +76,7 @@ def vl_tok(qwen_tokenizer):
     return attach_vision(tok, tiny_vision_processor(tok))
 
 
-async def _play(tok, tmp_path, build, horizon: int) -> Trajectory:
+async def _play(tok, tmp_path, build, horizon: int, **rollout) -> Trajectory:
     """`horizon - 1` turns that each call render_digits("1987") on the real server (the same picture each time)."""
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {
@@ -86,7 +86,7 @@ async def _play(tok, tmp_path, build, horizon: int) -> Trajectory:
         model = build(tok, [(CALL, 1.0)], start_token_ids=[chat.generation_prompt_ids[-1]], junk_prob=1e-6)
         engine = HFEngine(model, pad_token_id=151643, eos_token_ids=chat.stop_token_ids, vision=chat.vision)
         loop = AgentLoop(engine, tools, chat, RolloutConfig(max_context_tokens=4096, max_response_tokens=1024,
-                                                            sampling={"temperature": 1.0}))
+                                                            sampling={"temperature": 1.0}, **rollout))
         try:
             return await loop.run_one({"prompt": "Read the picture.", "id": "digits"}, horizon=horizon, seed=0)
         finally:
@@ -113,7 +113,7 @@ async def test_a_vl_rollouts_images_are_saved_once_and_shown_at_their_turns_in_v
     assert [turn.split()[1] for turn, _ in shown] == ["tool", "tool"]  # in the two tool turns, none elsewhere
     for _, img in shown:
         assert _bytes_of(img["src"]) == DIGITS and img["data-sha256"] == digest
-    assert "81×33 image/png" in page and "render_digits" in page and "2 images seen" in page
+    assert "81×33 image/png" in page and "render_digits" in page and "2 images" in page
 
     dash = Dashboard([run], tokenizers=False)  # the dashboard's transcript view: the viewer's own fragment
     fragment = dash.api("transcript", {"run": "0", "id": traj.id})["html"]
@@ -135,11 +135,25 @@ async def test_a_vl_rollouts_images_are_saved_once_and_shown_at_their_turns_in_v
     assert decoded == [[81, 33], [81, 33]]
 
 
-async def test_a_text_only_policy_shows_the_note_it_read_and_no_image(qwen_tokenizer, tmp_path):
+async def test_a_text_only_policy_shows_the_note_it_read_and_the_image_when_the_run_keeps_it(qwen_tokenizer, tmp_path):
+    note = "[image 81x33 image/png not shown: this model cannot see images]"
     traj = await _play(qwen_tokenizer, tmp_path, build_scripted_qwen3, horizon=2)
     page = render_html([traj])
-    assert _images(page) == [] and traj.images == []
-    assert "[image 81x33 image/png not shown: this model cannot see images]" in page
+    assert _images(page) == [] and traj.images == [] and traj.unseen_images == []
+    assert note in page
+
+    kept = await _play(qwen_tokenizer, tmp_path, build_scripted_qwen3, horizon=2, keep_unseen_images=True)
+    assert kept.images == [] and kept.tool_calls[0].result == note  # the policy read the same note
+    assert [(im.turn, im.tool, base64.b64decode(im.data_b64)) for im in kept.unseen_images] == [
+        (0, "render_digits", DIGITS)]
+    page = render_html(load_transcripts_of(tmp_path, kept))
+    assert [(turn.split()[1], _bytes_of(img["src"])) for turn, img in _images(page)] == [("tool", DIGITS)]
+    assert note in page and "not shown to the policy (it read a note)" in page
+
+
+def load_transcripts_of(tmp_path: Path, t: Trajectory) -> list[Trajectory]:
+    save_transcripts(tmp_path / "saved" / "step_000001.jsonl", [t])
+    return load_transcripts(tmp_path / "saved")
 
 
 def _record(png: bytes, turn: int | None, tool: str | None = "render_digits") -> TrajectoryImage:
