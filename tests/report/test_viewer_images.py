@@ -119,6 +119,7 @@ async def test_a_vl_rollouts_images_are_saved_once_and_shown_at_their_turns_in_v
     fragment = dash.api("transcript", {"run": "0", "id": traj.id})["html"]
     assert [_bytes_of(img["src"]) for _, img in _images(fragment)] == [DIGITS, DIGITS]
     assert fragment == trajectory_html(saved)
+    assert dash.api("transcripts", {"run": "0"})[0]["images"] == 2  # the list's column
 
     # A real browser decodes them (the page is one offline file: nothing is fetched).
     path = tmp_path / "viewer.html"
