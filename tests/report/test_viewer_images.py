@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import sys
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from scripted_model import build_scripted_qwen3, build_scripted_qwen3_vl
 from rlfactory.envs.tools.digits_image import render_png
 from rlfactory.models.vision import attach_vision, tiny_vision_processor, vl_chat_template
 from rlfactory.recipe.rollout import RolloutConfig
-from rlfactory.report.dashboard import Dashboard
+from rlfactory.report.dashboard import Dashboard, make_server
 from rlfactory.report.transcript_images import REPEAT, bounded
 from rlfactory.report.transcripts import load_transcripts, save_transcripts
 from rlfactory.report.viewer import FOLD_LINES, render_html, trajectory_html
@@ -121,19 +122,31 @@ async def test_a_vl_rollouts_images_are_saved_once_and_shown_at_their_turns_in_v
     assert fragment == trajectory_html(saved)
     assert dash.api("transcripts", {"run": "0"})[0]["images"] == 2  # the list's column
 
-    # A real browser decodes them (the page is one offline file: nothing is fetched).
+    # A real browser decodes them, in the viewer (one offline file: nothing is fetched) and in the live dashboard.
     path = tmp_path / "viewer.html"
     path.write_text(page, encoding="utf-8")
+    decoded = "(function(){ var im = Array.from(document.querySelectorAll('%s img'));" \
+              " return im.length && im.every(function(i){ return i.complete; }) &&" \
+              " im.map(function(i){ return [i.naturalWidth, i.naturalHeight]; }); })()"
+    server = make_server([run], port=0, tokenizers=False)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     browser = Browser(tmp_path / "chrome")
     try:
         browser.goto(path.as_uri())
-        decoded = browser.wait_js("(function(){ var im = Array.from(document.images);"
-                                  " return im.length && im.every(function(i){ return i.complete; }) &&"
-                                  " im.map(function(i){ return [i.naturalWidth, i.naturalHeight]; }); })()",
-                                  what="the viewer's images")
+        in_viewer = browser.wait_js(decoded % "main", what="the viewer's images")
+        browser.record_script_errors()
+        browser.goto(f"http://127.0.0.1:{server.server_address[1]}/?poll=300")
+        browser.wait_js("document.querySelectorAll('#tlist tr').length === 1", 120, "the transcript list")
+        browser.js("document.querySelector('#tlist tr').click()")
+        in_dashboard = browser.wait_js(decoded % "#viewer", what="the dashboard's images")
+        assert not browser.script_errors()
     finally:
         browser.close()
-    assert decoded == [[81, 33], [81, 33]]
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+    assert in_viewer == in_dashboard == [[81, 33], [81, 33]]
 
 
 async def test_a_text_only_policy_shows_the_note_it_read_and_the_image_when_the_run_keeps_it(qwen_tokenizer, tmp_path):
