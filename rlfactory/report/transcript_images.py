@@ -34,7 +34,7 @@ DEFAULT_TRANSCRIPT_IMAGE_BYTES: int = LogConfig.model_fields["transcript_image_b
 """Image bytes a saved trajectory keeps by default (the recipe's `trainer.log.transcript_image_bytes`)."""
 
 REPEAT = "repeat"
-I = TypeVar("I", bound=SavedImage)
+ImageT = TypeVar("ImageT", bound=SavedImage)
 _MIMES = frozenset(ALLOWED_FORMATS.values())
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _MIN_SHOWN_PX = 160
@@ -58,7 +58,7 @@ def bounded(t: Trajectory, max_bytes: int = DEFAULT_TRANSCRIPT_IMAGE_BYTES) -> T
     kept: set[str] = set()
     used = 0
 
-    def keep(im: I) -> I:
+    def keep(im: ImageT) -> ImageT:
         nonlocal used
         if im.omitted is not None or not im.data_b64:  # bounded before: nothing more to take away
             return im

@@ -15,8 +15,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from PIL import Image
 from browser import Browser
+from PIL import Image
 from scripted_model import build_scripted_qwen3, build_scripted_qwen3_vl
 
 from rlfactory.envs.tools.digits_image import render_png
@@ -191,7 +191,7 @@ def test_past_the_byte_cap_an_image_keeps_its_record_and_the_viewer_says_why():
     saved = bounded(t, max_bytes=len(a))
     assert [im.data_b64 != "" for im in saved.images] == [True, False, False]
     assert [im.omitted for im in saved.images][2] == REPEAT
-    assert "over trainer.log.transcript_image_bytes (%d)" % len(a) in saved.images[1].omitted
+    assert f"over trainer.log.transcript_image_bytes ({len(a)})" in saved.images[1].omitted
     assert bounded(saved, max_bytes=len(a)) == saved  # bounding again under the same cap changes nothing
     page = render_html([saved])
     shown = _images(page)
