@@ -43,7 +43,7 @@ _MIN_SHOWN_PX = 160
 CSS = """
 .timgs{display:flex;flex-wrap:wrap;gap:8px;margin:4px 0 2px}
 .timg{margin:0;background:#fff;border:1px solid #ccd;border-radius:4px;padding:4px;max-width:100%}
-.timg img{display:block;max-width:100%;height:auto;image-rendering:pixelated;background:#eee}
+.timg img{display:block;max-width:min(100%,800px);height:auto;image-rendering:pixelated;background:#eee}
 .timg figcaption,.timg-note{font-size:11.5px;color:#555;font-family:ui-monospace,monospace}
 .timg-note{border:1px dashed #c99;border-radius:4px;padding:3px 6px;color:#744}
 """
