@@ -13,6 +13,12 @@ one Chromium for all episodes. Tools (each takes `episode_id`, filled in by rlfa
 - `observe()`, `close()`, and the loop-only `fork(into)` (sites and browser copied).
 The environment is `rlfactory/envs/web/env.py`; failures of the sites or the browser are infrastructure errors.
 
+`--view pixels` (a screenshot per turn): every result, the reset's included, ends with a PNG of the tab (1280x720)
+after its text. A vision-language policy sees it and its transcripts show it at its turn; a text-only policy reads
+a note instead, and its run keeps the screenshots for the transcript viewer only with `rollout.keep_unseen_images:
+true`. With either view the text is the page the agent read (accessibility tree, tabs, URL), which the viewer
+shows as the tool turn, a long one folded.
+
 `--browser none [--gate-port P]`: no browser here; another MCP server browses (the official Playwright MCP server,
 mcp_configs/web_playwright_env.json, pointed at this server's origin proxy with `--proxy-server
 http://127.0.0.1:P`, which lets through only the open episodes' pages). Tools then: `reset(task_id)` (the intent and

@@ -6,7 +6,6 @@ The stack is built by `rlfactory.rollout_side` (shared with training); this modu
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -57,6 +56,8 @@ async def _run(r: Recipe, tasks_path: Path, out: Path, html: Path | None, *, lim
     from rlfactory.data.tasks import load_tasks
     from rlfactory.models.devices import resolve_device
     from rlfactory.models.loading import load_policy, load_tokenizer
+    from rlfactory.report.transcript_images import bounded
+    from rlfactory.report.transcripts import transcript_line
     from rlfactory.report.viewer import write_html
     from rlfactory.rollout.horizon import horizon_for_step
     from rlfactory.rollout_side import open_rollout_side
@@ -74,9 +75,12 @@ async def _run(r: Recipe, tasks_path: Path, out: Path, html: Path | None, *, lim
             if rewards and r.rewards.functions:
                 metrics.update(await side.rewards.score(trajs))
     out.parent.mkdir(parents=True, exist_ok=True)
+    # the rows a run's transcripts hold (images bounded the same way), and the viewer drawn from them
+    cap = r.trainer.log.transcript_image_bytes
+    trajs = [bounded(t, cap) for t in trajs]
     with out.open("w") as f:
         for t in trajs:
-            f.write(json.dumps(t.model_dump(mode="json"), ensure_ascii=False) + "\n")
+            f.write(transcript_line(t, cap) + "\n")  # bounding is idempotent under one cap
     if html is not None:
         write_html(trajs, html, title=f"{r.name}: {len(trajs)} rollouts (step {step}, horizon {horizon})",
                    tokenizer=tokenizer)

@@ -110,6 +110,11 @@ class RolloutConfig(Section):
     """Qwen3's thinking switch in the chat template."""
     system_prompt: str | None = None
     """Optional system prompt placed before the tool descriptions."""
+    keep_unseen_images: bool = False
+    """Keep the images a reset or a tool returned that the policy was not shown (a text-only policy reads a note
+    instead: a web server's `--view pixels` screenshots, say) on the trajectory (`unseen_images`), so the transcript
+    viewer and the dashboard show them at their turns. The policy's tokens are unchanged; the images cost memory
+    until the step ends, and transcript bytes within `trainer.log.transcript_image_bytes`."""
     max_concurrent_trajectories: int = Field(256, ge=1)
     """Upper bound on trajectories in flight at once."""
     branching: BranchingConfig = Field(default_factory=BranchingConfig)

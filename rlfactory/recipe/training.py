@@ -215,6 +215,10 @@ class LogConfig(Section):
     """Write TensorBoard events under `<output_dir>/tensorboard`."""
     transcripts_per_step: int = Field(4, ge=0)
     """Sampled trajectories saved per step for the HTML viewer (0 = none)."""
+    transcript_image_bytes: int = Field(4 * 2**20, ge=0)
+    """Image bytes a saved trajectory keeps (decoded; transcripts of a step, of an evaluation, and of `rlfactory
+    rollout --out`): the images a vision-language policy saw, each distinct image once; past this, an image's record
+    stays with a note instead of its bytes (0 = keep no image bytes)."""
 
 
 class TrackingConfig(Section):

@@ -273,7 +273,7 @@ _JS = r"""
         var tr = el('tr', {'data-id': t.id, 'data-run': run});
         if (t.id === openId) tr.className = 'open';
         [String(t.step), t.id, fmt(t.reward), t.finish, String(t.turns), String(t.response_tokens),
-         String(t.tool_calls), String(t.tool_errors), t.tree || ''].forEach(function(v){
+         String(t.tool_calls), String(t.tool_errors), String(t.images || 0), t.tree || ''].forEach(function(v){
           tr.appendChild(el('td', {}, v));
         });
         tr.addEventListener('click', function(){ openTranscript(run, t.id); });
@@ -378,7 +378,7 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<label>reward ≤ <input id="f-rmax" type="number" step="any" size="5"></label>'
         '<label><input id="f-toolerr" type="checkbox"> with a tool error</label><span id="tcount"></span></div>'
         '<table><thead><tr><th>step</th><th>trajectory</th><th>reward</th><th>finish</th><th>turns</th>'
-        '<th>tokens</th><th>tool calls</th><th>tool errors</th><th>tree</th></tr></thead><tbody id="tlist"></tbody>'
+        '<th>tokens</th><th>tool calls</th><th>tool errors</th><th>images</th><th>tree</th></tr></thead><tbody id="tlist"></tbody>'
         '</table>'
         f'<div id="viewer"></div></main><script type="application/json" id="chart-spec">{spec}</script>'
         f"<script>{_JS}</script></body></html>"

@@ -245,5 +245,6 @@ def summarize(t: Trajectory, step: int) -> dict[str, Any]:
     return {"id": t.id, "step": step, "task_id": t.task_id, "reward": t.reward, "finish": t.finish_reason,
             "turns": t.num_turns, "response_tokens": len(t.response_ids), "tool_calls": len(t.tool_calls),
             "tool_errors": sum(1 for c in t.tool_calls if c.is_error),
+            "images": len(t.images) + len(t.unseen_images),
             "tools": sorted({c.name for c in t.tool_calls}),
             "tree": None if t.branch is None else f"root {t.branch.root} · branch {t.branch.child}"}

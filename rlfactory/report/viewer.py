@@ -3,9 +3,12 @@
 A branched group (`rollout.branching`) is shown as a tree above its trajectories (roots, branches, rewards), and a later
 branch folds the turns it shares with its root. Each trajectory shows its prompt, its turns (policy tokens highlighted,
 tool/template tokens greyed: the loss mask made visible), the tool calls with arguments, latency, cache hits and errors,
-the finish reason, and the reward with its components when present. Filters narrow the list by finish reason, reward
-range and text; a toggle switches a trajectory to a per-token view (one box per token, coloured by its mask bit) when
-token texts were supplied.
+the finish reason, and the reward with its components when present. The images the policy saw appear inline where
+it saw them (transcript_images.py: a tool's at its tool turn, a prompt's at the prompt); a tool turn longer than
+`FOLD_LINES` lines or `FOLD_CHARS` characters (a web page's accessibility tree) shows its start with the rest folded
+under a click. Filters narrow the list by finish reason, reward range and text (folded text included); a toggle
+switches a trajectory to a per-token view (one box per token, coloured by its mask bit) when token texts were
+supplied.
 
 Everything is rendered server-side with `html.escape`; the JS only filters and toggles, and the per-token data sits
 in `<script type="application/json">` blocks with `<`, `>` and `&` escaped, so transcript text cannot inject markup.
@@ -21,6 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rlfactory.report.transcript_images import CSS as _IMAGES_CSS
+from rlfactory.report.transcript_images import TrajectoryFigures
 from rlfactory.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -56,7 +61,8 @@ main{padding:12px 16px}
 details{margin:4px 0}summary{cursor:pointer;font-size:13px;color:#333}
 .tree{background:#fff;border:1px dashed #8a94a6;border-radius:6px;margin:0 0 10px;padding:6px 12px;font-size:13px}
 .tree ul{margin:2px 0;padding-left:18px}.turn.shared{border-left-style:dashed}
-"""
+.turn details.rest{margin:0}.turn details.rest summary{font-size:12px;color:#555}
+""" + _IMAGES_CSS
 
 _JS = """
 (function(){
@@ -124,6 +130,23 @@ def _json_for_script(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+FOLD_LINES = 40
+FOLD_CHARS = 4000
+"""A tool turn longer than this shows its first `FOLD_LINES` lines (at most `FOLD_CHARS` characters); the rest is
+folded in a `<details>`."""
+
+
+def _folded_pre(text: str) -> str:
+    """`text` in a <pre>, its tail folded when long (a web page's accessibility tree runs to thousands of lines)."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) <= FOLD_LINES and len(text) <= FOLD_CHARS:
+        return f"<pre>{_e(text)}</pre>"
+    head = "".join(lines[:FOLD_LINES])[:FOLD_CHARS]
+    rest = text[len(head):]
+    return (f"<pre>{_e(head)}</pre><details class=\"rest\"><summary>{len(rest.splitlines())} more lines "
+            f"({len(rest)} characters)</summary><pre>{_e(rest)}</pre></details>")
+
+
 def _span_mask_class(mask: list[int]) -> str:
     if mask and all(m == 1 for m in mask):
         return "mask1"
@@ -169,6 +192,9 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
         meta.append('<span class="err">reward failed</span>')
     meta.append(f"{t.num_turns} turns" + (f" / horizon {t.horizon}" if t.horizon is not None else ""))
     meta.append(f"{len(t.prompt_ids)} prompt + {len(t.response_ids)} response tokens ({policy_tokens} policy)")
+    figures = TrajectoryFigures(t)
+    if len(figures):
+        meta.append(f"{len(figures)} image{'s' if len(figures) != 1 else ''}")
     if t.timings:
         meta.append(_e(" ".join(f"{k}={v:.2f}" for k, v in t.timings.items())))
 
@@ -183,6 +209,7 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
         parts.append(f'<div class="err">{_e(t.error)}</div>')
     if prompt_msgs:
         parts.append(f'<details><summary>prompt</summary>{"".join(prompt_msgs)}</details>')
+    parts.append(figures.at(None))  # the prompt's pictures (a pixel environment's first view): shown, not folded
     if t.task.get("answer") is not None:
         parts.append(f'<div class="meta">expected answer: <code>{_e(t.task["answer"])}</code></div>')
 
@@ -197,10 +224,12 @@ def _render_trajectory(i: int, t: Trajectory, token_text: Callable[[int], str] |
         shared = span.end <= shared_end
         if shared:
             who += " · the root's, shared by its branches"
-        body = f'<div class="who">{_e(who)} · tokens {span.start}–{span.end}</div><pre>{_e(span.text)}</pre>'
+        body = f'<div class="who">{_e(who)} · tokens {span.start}–{span.end}</div>'
         if span.role == "assistant":
-            body += _render_calls(calls_by_turn.get(assistant_index, []))
+            body += f"<pre>{_e(span.text)}</pre>" + _render_calls(calls_by_turn.get(assistant_index, []))
             assistant_index += 1
+        else:  # the results of the last assistant turn's calls, and the images they returned
+            body += _folded_pre(span.text) + (figures.at(assistant_index - 1) if assistant_index else "")
         (shared_html if shared and b is not None and b.child > 0 else turns_html).append(
             f'<div class="turn {span.role} {mask_cls}{" shared" if shared else ""}">{body}</div>')
     if shared_html:  # a later branch: its root's turns folded (branch 0 shows them)

@@ -21,7 +21,8 @@ row with `env: {server, task_id}` has its episode reset before the first turn, t
 prompt as a user message; the trajectory's episodes are closed when it ends, whatever the reason.
 
 Images (tool results' and the task's, `images.py`) are message parts for a vision-language policy, recorded on the
-trajectory (`Trajectory.images`) and passed to the engine with each request; a text-only policy reads a note instead.
+trajectory (`Trajectory.images`) and passed to the engine with each request; a text-only policy reads a note instead
+(the image kept for the viewer with `rollout.keep_unseen_images`).
 Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
 (`truncation.py`), batching inside the engine (`engines/hf.py`), a batch's metrics (`metrics.py`).
 """
@@ -42,6 +43,7 @@ from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id, reset_obs
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.images import message_content, prompt_with_images, tool_content
 from rlfactory.rollout.images import records as image_records
+from rlfactory.rollout.images import unseen
 from rlfactory.rollout.metrics import rollout_metrics
 from rlfactory.rollout.trajectory import Branch, ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
@@ -175,6 +177,8 @@ class AgentLoop:
                                                           reset.images if reset is not None else [])
                 traj.prompt_ids = self.chat.prompt_ids(traj.messages, shown)
                 traj.images = image_records(traj.prompt_ids, 0, shown, self.chat)
+                if self.cfg.keep_unseen_images and reset is not None:
+                    traj.unseen_images = unseen(reset.images, shown)
             live.going = await self._turns(traj, horizon, sampling or self.default_sampling(), seed, live.timings,
                                            live.env, start=start, stop=stop)
         except asyncio.CancelledError:
@@ -331,13 +335,15 @@ class AgentLoop:
             t0 = time.perf_counter()
             results = parsed.merge(await self._run_calls(env.bind(calls)))
             timings["tools_s"] += time.perf_counter() - t0
-            tool_msgs, shown, shown_by = [], [], []
+            tool_msgs, shown, shown_by, not_shown = [], [], [], []
             call_iter = iter(calls)
             for slot, result in zip(parsed.slots, results):
                 seen = self._truncate(chat.neutralize(response_text(result)), error=result.is_error)
                 seen, images = tool_content(chat, seen, result.images)
                 tool_msgs.append({"role": "tool", "name": result.name, "content": message_content(seen, images)})
                 shown, shown_by = shown + images, shown_by + [result.name] * len(images)
+                if cfg.keep_unseen_images:
+                    not_shown += unseen(result.images, images, turn=turn, tool=result.name)
                 args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
                 traj.tool_calls.append(ToolCallRecord(
                     turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
@@ -354,6 +360,7 @@ class AgentLoop:
                     out_buf.append("tool", delta, None, chat.decode(delta))
                     traj.messages.extend(tool_msgs)
                     traj.images.extend(seen_images)
+                    traj.unseen_images.extend(not_shown)
                 traj.finish_reason = "env_done"
                 return False
             # Room must remain for at least one generated token after the tool turn.
@@ -366,6 +373,7 @@ class AgentLoop:
             out_buf.append("tool", delta, None, chat.decode(delta))
             traj.messages.extend(tool_msgs)
             traj.images.extend(seen_images)
+            traj.unseen_images.extend(not_shown)
         traj.finish_reason = "max_turns"  # the horizon was reached: only when start >= horizon (or horizon < 1)
         return False
 

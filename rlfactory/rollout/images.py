@@ -7,6 +7,9 @@ policy's template, and records on the Trajectory.
   model gets feedback rather than silence, and nothing crashes.
 Each shown image is recorded (`TrajectoryImage`: bytes as base64, sha256, where its placeholder tokens start, how
 many) once per trajectory, so saved trajectories hold what the policy saw while the token arrays hold only ids.
+With `rollout.keep_unseen_images`, the images a reset or a tool returned that the policy was not shown are kept
+as well (`unseen`, `Trajectory.unseen_images`), for the viewer only (a task's own images are not: its data file
+holds them).
 
 A task's `images` (or its row's, `task["metadata"]["images"]`; shown in its first user turn): a list of image files
 (`data/tasks.py` resolves them against the data file's folder) or `{"data_b64": ..., "mime_type": ...}` objects, each
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfactory.rollout.chat import ChatFormat
-from rlfactory.rollout.trajectory import TrajectoryImage
+from rlfactory.rollout.trajectory import SavedImage, TrajectoryImage
 from rlfactory.tools.images import BadImage, ImageLimits, decode_image
 from rlfactory.tools.types import ToolImage
 
@@ -79,6 +82,14 @@ def records(ids: list[int], offset: int, images: list[ToolImage], chat: ChatForm
     return [TrajectoryImage(**im.model_dump(), start=offset + s, tokens=chat.vision.num_tokens(im), turn=turn,
                             tool=tools[k] if tools else None)
             for k, (im, s) in enumerate(zip(images, starts))]
+
+
+def unseen(images: list[ToolImage], shown: list[ToolImage], *, turn: int | None = None,
+           tool: str | None = None) -> list[SavedImage]:
+    """Records of the `images` the policy was not shown (`shown`: those it was), for the transcript only
+    (`rollout.keep_unseen_images`)."""
+    was_shown = {id(im) for im in shown}
+    return [SavedImage(**im.model_dump(), turn=turn, tool=tool) for im in images if id(im) not in was_shown]
 
 
 def task_images(task: dict[str, Any], limits: ImageLimits | None = None) -> list[ToolImage]:

@@ -56,18 +56,27 @@ class ToolCallRecord(BaseModel):
     """It was run again after its server came back (idempotent tools)."""
 
 
-class TrajectoryImage(ToolImage):
-    """An image the policy saw: the bytes (base64, as the tool or the task gave them), where its placeholder tokens
-    sit, and where it came from. The token arrays hold only the `<|image_pad|>` ids; the pixels live here, once."""
+class SavedImage(ToolImage):
+    """An image a trajectory keeps: the bytes (base64, as the tool or the task gave them) and where it came from."""
+
+    turn: int | None = None
+    """The assistant turn whose tool call returned it; None for an image of the prompt (the task's, a reset's)."""
+    tool: str | None = None
+    """The tool that returned it; None for the prompt's."""
+    omitted: str | None = None
+    """Saved transcripts only (report/transcript_images.py): why `data_b64` is empty there: `repeat` (an earlier
+    record of the trajectory holds the same sha256's bytes) or the note of the transcript's image cap. Always None in
+    a trajectory the loop made."""
+
+
+class TrajectoryImage(SavedImage):
+    """An image the policy saw, and where its placeholder tokens sit. The token arrays hold only the `<|image_pad|>`
+    ids; the pixels live here, once."""
 
     start: int
     """Index of its first placeholder token in prompt_ids + response_ids."""
     tokens: int
     """How many placeholder tokens it takes (its patch grid / the merge size squared)."""
-    turn: int | None = None
-    """The assistant turn whose tool call returned it; None for an image of the task's prompt."""
-    tool: str | None = None
-    """The tool that returned it; None for the prompt's."""
 
 
 class Branch(BaseModel):
@@ -129,6 +138,9 @@ class Trajectory(BaseModel):
     images: list[TrajectoryImage] = Field(default_factory=list)
     """The images the policy saw (a vision-language policy's prompt and tool results), in token order: what the
     engine and the update turn into pixel inputs, and what saved trajectories show."""
+    unseen_images: list[SavedImage] = Field(default_factory=list)
+    """With `rollout.keep_unseen_images`: the images a reset or a tool returned that the policy was not shown (a
+    text-only policy read a note for each), kept for the transcript viewer only; never pixel inputs."""
 
     @property
     def group_key(self) -> str:

@@ -38,7 +38,7 @@ async def evaluate_on(side: RolloutSide, recipe: Recipe, tasks: list[dict[str, A
     res.update({"reward/mean": rew_m["reward/mean"], "tasks": len(tasks), "k": k,
                 "rollout/tool_calls_mean": roll_m.get("rollout/tool_calls_mean", 0.0),
                 "rollout/errors": roll_m.get("rollout/errors", 0)})
-    save_transcripts(out / "eval" / f"{tag}.jsonl", trajs)
+    save_transcripts(out / "eval" / f"{tag}.jsonl", trajs, t.log.transcript_image_bytes)
     (out / "eval" / f"{tag}.json").write_text(json.dumps(res, indent=1))
     return res
 

@@ -236,7 +236,7 @@ class TrainingRun:
             trees = {trajs[i].group_id for i in pick if trajs[i].branch is not None}
             pick |= {i for i, x in enumerate(trajs) if x.branch is not None and x.group_id in trees}
             save_transcripts(self.out / "transcripts" / f"step_{self.step:06d}.jsonl",
-                             [trajs[i] for i in sorted(pick)])
+                             [trajs[i] for i in sorted(pick)], t.log.transcript_image_bytes)
 
     def _catch_sigterm(self) -> None:
         """SIGTERM (a preemptible cluster's notice) ends the run after the step in progress, with a checkpoint."""

@@ -268,7 +268,8 @@ class RunFolderWriter:
         ordered = sorted(records, key=lambda r: r["trajectory"]["id"])
         pick = random.Random(mix_seed(self.recipe.trainer.seed, step, 2)).sample(range(len(ordered)), n)
         save_transcripts(self.run / "transcripts" / f"step_{step:06d}.jsonl",
-                         [Trajectory.model_validate(ordered[i]["trajectory"]) for i in sorted(pick)])
+                         [Trajectory.model_validate(ordered[i]["trajectory"]) for i in sorted(pick)],
+                         self.recipe.trainer.log.transcript_image_bytes)
 
     # -- running ---------------------------------------------------------------------------------------------------
     def start(self) -> None:

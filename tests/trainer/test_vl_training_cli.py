@@ -57,8 +57,8 @@ def test_tiny_random_vl_trains_and_rolls_out_with_pictures(tmp_path, staleness):
     assert all(r["rollout/images_mean"] == 1 for r in rows)  # every trajectory saw its task's picture
     if staleness:  # the generator process ran the rollouts, the trainer's update took their pixels
         assert max(r["async/staleness_token_max"] for r in rows) <= 1
-    out = tmp_path / "trajs.jsonl"
-    proc = rlf("rollout", str(recipe), "--limit", "2", "--out", str(out))
+    out, html = tmp_path / "trajs.jsonl", tmp_path / "trajs.html"
+    proc = rlf("rollout", str(recipe), "--limit", "2", "--out", str(out), "--html", str(html))
     assert proc.returncode == 0, proc.stderr[-3000:]
     trajs = [Trajectory.model_validate_json(ln) for ln in out.read_text().splitlines() if ln.strip()]
     assert len(trajs) == 4
@@ -69,3 +69,5 @@ def test_tiny_random_vl_trains_and_rolls_out_with_pictures(tmp_path, staleness):
         assert base64.b64decode(t.images[0].data_b64) == picture
         first = t.messages[0 if t.messages[0]["role"] == "user" else 1]
         assert {"type": "image", "image": t.images[0].sha256} in first["content"]
+        # the viewer shows the picture inline, at the prompt (report/transcript_images.py)
+        assert f'src="data:image/png;base64,{t.images[0].data_b64}"' in html.read_text()
