@@ -31,7 +31,8 @@ order (image, text; then text, image):
 A VL batch runs every row whole (algorithms/pixels.py), a text batch shares each prompt's forward pass across its
 group (`algorithm.shared_prompt_forward`): `update_s_ratio_whole_rows` compares the image update with the text
 twins' run whole too, which separates what the pictures cost from what losing the shared prompt costs.
-Medians over rounds after a warm-up round (not counted). Ratios are image / text: > 1 means images cost more.
+Medians over rounds after a warm-up round (not counted); each ratio (image / text: > 1 means images cost more) is
+the median of its rounds' ratios.
 """
 from __future__ import annotations
 
@@ -287,33 +288,39 @@ async def measure(model: Path | None, prompts: int, samples: int, rounds: int, s
 
 def summarise(runs: dict[str, list[dict[str, float]]], model_name: str, prompts: int, samples: int,
               rounds: int) -> dict[str, Any]:
+    """Medians over rounds; each ratio is the median of its rounds' ratios (the two sides of a round ran next to
+    each other, so a load spike on this shared machine hits both)."""
     med = {v: {k: _median([r.get(k, 0.0) for r in rs]) for k in sorted({k for r in rs for k in r})}
            for v, rs in runs.items()}
     img, txt = med["image"], med["text"]
-    path_keys = ("tool_decode_s", "pixel_processing_s", "vision_tower_forward_s", "vision_tower_backward_s")
-    per_round_share = []
-    for r in runs["image"]:
-        path_s = sum(r.get(f"{phase}_{k}", 0.0) for phase in ("rollout", "update") for k in path_keys)
-        per_round_share.append(path_s / (r["rollout_s"] + r["update_s"]))
-    image_path = {f"{phase}_{k}": img.get(f"{phase}_{k}", 0.0) for phase in ("rollout", "update") for k in path_keys}
-    step_image = img["rollout_s"] + img["update_s"]
-    step_text = txt["rollout_s"] + txt["update_s"]
+    pairs = list(zip(runs["image"], runs["text"]))
+
+    def ratio(image_key: str, text_key: str | None = None) -> float:
+        return round(_median([i[image_key] / t.get(text_key or image_key, t[image_key]) for i, t in pairs]), 3)
+
+    path_keys = [f"{phase}_{k}" for phase in ("rollout", "update") for k in (
+        "tool_decode_s", "pixel_processing_s", "vision_tower_forward_s", "vision_tower_backward_s")]
+    for r in runs["image"] + runs["text"]:
+        r["step_s"] = r["rollout_s"] + r["update_s"]
+        r["image_path_s"] = sum(r.get(k, 0.0) for k in path_keys)
     return {
         "model": model_name, "prompts": prompts, "samples": samples, "rounds": rounds,
         "image_generation_tokens_per_s": round(img["generation_tokens_per_s"], 1),
         "text_generation_tokens_per_s": round(txt["generation_tokens_per_s"], 1),
-        "generation_tokens_per_s_ratio": round(img["generation_tokens_per_s"] / txt["generation_tokens_per_s"], 3),
+        "generation_tokens_per_s_ratio": ratio("generation_tokens_per_s"),
         "image_rollout_tokens_per_s": round(img["rollout_tokens_per_s"], 1),
         "text_rollout_tokens_per_s": round(txt["rollout_tokens_per_s"], 1),
+        "rollout_tokens_per_s_ratio": ratio("rollout_tokens_per_s"),
         "image_update_s": round(img["update_s"], 3), "text_update_s": round(txt["update_s"], 3),
-        "update_s_ratio": round(img["update_s"] / txt["update_s"], 3),
+        "update_s_ratio": ratio("update_s"),
         "text_update_whole_rows_s": round(txt.get("update_whole_rows_s", txt["update_s"]), 3),
-        "update_s_ratio_whole_rows": round(img["update_s"] / txt.get("update_whole_rows_s", txt["update_s"]), 3),
-        "image_step_s": round(step_image, 3), "text_step_s": round(step_text, 3),
-        "step_s_ratio": round(step_image / step_text, 3),
-        "image_path_s": round(sum(image_path.values()), 3),
-        "image_path_share_of_step": round(_median(per_round_share), 4),
-        "image_path_s_by_part": {k: round(v, 4) for k, v in image_path.items()},
+        "update_s_ratio_whole_rows": ratio("update_s", "update_whole_rows_s"),
+        "image_step_s": round(_median([r["step_s"] for r in runs["image"]]), 3),
+        "text_step_s": round(_median([r["step_s"] for r in runs["text"]]), 3),
+        "step_s_ratio": ratio("step_s"),
+        "image_path_s": round(_median([r["image_path_s"] for r in runs["image"]]), 3),
+        "image_path_share_of_step": round(_median([r["image_path_s"] / r["step_s"] for r in runs["image"]]), 4),
+        "image_path_s_by_part": {k: round(img.get(k, 0.0), 4) for k in path_keys},
         "images_per_step": img["images"], "image_tokens_per_step": img["image_tokens"],
         "twins_policy_tokens_equal": bool(img.get("twins_policy_tokens_equal")),
         "image": {k: round(v, 4) for k, v in img.items()}, "text": {k: round(v, 4) for k, v in txt.items()},
