@@ -20,6 +20,8 @@ memory: the process's RSS after each round and its peak (sampled every 10 ms) ov
 round of the same shape; `image_max_rss_growth_mb` is that peak growth, `image_rss_drift_mb` the RSS after the last
 round less after the first hostile one (a leak grows it round by round). Also the HF engine's answer when images
 are sent to a text-only policy directly (`text_engine_refusal`).
+Left out: training on these trajectories (bench/multimodal.py runs the update on images), images in task prompts
+(a bad one ends its trajectory as an error that names it: tests/rollout/test_rollout_images.py), and the vLLM engine.
 """
 from __future__ import annotations
 

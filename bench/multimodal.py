@@ -33,6 +33,8 @@ group (`algorithm.shared_prompt_forward`): `update_s_ratio_whole_rows` compares 
 twins' run whole too, which separates what the pictures cost from what losing the shared prompt costs.
 Medians over rounds after a warm-up round (not counted); each ratio (image / text: > 1 means images cost more) is
 the median of its rounds' ratios.
+Left out: the vLLM engine (it takes no VL policy yet), prompt images (a task's own pictures: the same path), rewards
+(synthetic, see above), and the verl engine.
 """
 from __future__ import annotations
 
