@@ -2,7 +2,7 @@
 seconds on the same trajectories, and the image path's share of a step (issue 39).
 
     python bench/multimodal.py --json bench/results/multimodal.json [--model models/quickstart-vision]
-                               [--prompts 8] [--samples 4] [--rounds 3] [--quick]
+                               [--prompts 8] [--samples 4] [--rounds 3] [--quick] [--set A.B=C ...]
 
 Policy: the quickstart's vision-language model (`--model`, default `models/quickstart-vision`, made by
 `rlfactory sft recipes/quickstart_vision_sft.yaml`). When that folder does not exist, `tiny-random-vl` with scripted
@@ -70,7 +70,7 @@ replaced by the task's."""
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def load_recipe(model: Path | None) -> tuple[Any, str]:
+def load_recipe(model: Path | None, overrides: list[str] | None = None) -> tuple[Any, str]:
     """The recipe the benchmark runs (model, rollout and algorithm settings) and what the model is."""
     from rlfactory.recipe.schema import Recipe
 
@@ -82,7 +82,7 @@ def load_recipe(model: Path | None) -> tuple[Any, str]:
             "model.lora.enabled=false"]
     if model is None:  # Qwen's tokenizer spells the prompt and the tool schemas in more tokens than the quickstart's
         sets += ["rollout.max_context_tokens=2048", "rollout.max_response_tokens=512"]
-    return Recipe.from_yaml(base, sets), (str(model) if model is not None else "tiny-random-vl (scripted)")
+    return Recipe.from_yaml(base, sets + list(overrides or [])), (str(model) if model is not None else "tiny-random-vl (scripted)")
 
 
 def scripted_policy(policy: Any, chat: Any) -> Any:
@@ -181,6 +181,10 @@ async def rollout(policy: Any, chat: Any, tools: Any, tasks: list[dict], samples
     finally:
         await engine.close()
     st = engine.stats
+    if not st.generated_tokens:
+        raise SystemExit(f"the rollout generated no tokens ({trajs[0].finish_reason}, {trajs[0].error}): when it is "
+                         f"context_length, the prompt is over rollout.max_context_tokens "
+                         f"({r.rollout.max_context_tokens}); raise it with --set rollout.max_context_tokens=N")
     return trajs, {"rollout_s": wall_s, "engine_busy_s": st.busy_s, "generated_tokens": st.generated_tokens,
                    "generation_tokens_per_s": st.generated_tokens / st.busy_s if st.busy_s else 0.0,
                    "rollout_tokens_per_s": st.generated_tokens / wall_s,
@@ -219,7 +223,7 @@ def _median(xs: list[float]) -> float:
 
 
 async def measure(model: Path | None, prompts: int, samples: int, rounds: int, seed: int = 0,
-                  warmup: int = 1) -> dict[str, Any]:
+                  warmup: int = 1, overrides: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from rlfactory.rollout.chat import ChatFormat
@@ -228,7 +232,7 @@ async def measure(model: Path | None, prompts: int, samples: int, rounds: int, s
     from rlfactory.trainer.update import Update
 
     torch.set_num_threads(1)
-    recipe, model_name = load_recipe(model)
+    recipe, model_name = load_recipe(model, overrides)
     scripted = model is None
     policy = Policy.load(recipe)
     rows = [json.loads(line) for line in Path(recipe.data.train_file).read_text().splitlines() if line.strip()]
@@ -305,6 +309,9 @@ def summarise(runs: dict[str, list[dict[str, float]]], model_name: str, prompts:
     for r in runs["image"] + runs["text"]:
         r["step_s"] = r["rollout_s"] + r["update_s"]
         r["image_path_s"] = sum(r.get(k, 0.0) for k in path_keys)
+    if not img.get("images"):
+        log.warning("warning: the policy called no picture tool, so no image reached it: the two sides differ in "
+                    "nothing but noise (a random model never emits a call; use the quickstart's VL model)")
     return {
         "model": model_name, "prompts": prompts, "samples": samples, "rounds": rounds,
         "image_generation_tokens_per_s": round(img["generation_tokens_per_s"], 1),
@@ -333,9 +340,9 @@ def summarise(runs: dict[str, list[dict[str, float]]], model_name: str, prompts:
 
 
 def run(model: Path | None = DEFAULT_MODEL, prompts: int = 8, samples: int = 4, rounds: int = 3,
-        quick: bool = False, seed: int = 0) -> dict[str, Any]:
+        quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole benchmark (quick: 2 prompts x 2 samples, 1 round, no warm-up). `model`: a VL model folder;
-    None, or a folder that does not exist, runs the scripted tiny-random-vl."""
+    None, or a folder that does not exist, runs the scripted tiny-random-vl. `overrides`: recipe `a.b=c` settings."""
     warmup = 1
     if quick:
         prompts, samples, rounds, warmup = 2, 2, 1, 0
@@ -343,7 +350,7 @@ def run(model: Path | None = DEFAULT_MODEL, prompts: int = 8, samples: int = 4, 
         log.warning("note: %s does not exist (make it with `rlfactory sft recipes/quickstart_vision_sft.yaml`); "
                     "using tiny-random-vl with scripted weights", model)
         model = None
-    return asyncio.run(measure(model, prompts, samples, rounds, seed, warmup))
+    return asyncio.run(measure(model, prompts, samples, rounds, seed, warmup, overrides))
 
 
 def main() -> None:
@@ -354,12 +361,13 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4, help="samples per task")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up round)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="A.B=C", help="a recipe override (repeatable)")
     p.add_argument("--quick", action="store_true", help="2 prompts x 2 samples, 1 round, no warm-up (a smoke run, not figures)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "transformers", "mcp", "rlfactory"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    figures = run(args.model, args.prompts, args.samples, args.rounds, args.quick, args.seed)
+    figures = run(args.model, args.prompts, args.samples, args.rounds, args.quick, args.seed, args.set)
     text = json.dumps(figures, indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
