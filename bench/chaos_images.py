@@ -136,8 +136,10 @@ def _tally(trajs: list[Any], case_of: Any, kind: str, out: dict[str, Any]) -> No
                     row["feedback"] = c.result[-240:]
 
 
-async def _play(kind: str, config: Path, *, trajectories: int, turns: int, rounds: int, seed: int
+async def play(kind: str, config: Path, *, trajectories: int, turns: int, rounds: int, seed: int
                 ) -> dict[str, Any]:
+    """One policy (`vl` or `text`) through the server of `config`: a benign round, then `rounds` hostile ones of
+    `trajectories` x `turns` calls each; its figures (see the module's docstring)."""
     from rlfactory.tools.manager import ToolManager
 
     names = list(CASES)
@@ -217,7 +219,7 @@ def campaign(tmp: Path, *, seed: int = 0, quick: bool = False) -> dict[str, Any]
         "rlfactory": {"max_concurrency": 32, "tool_timeout_s": 60, "cache": False, "max_image_bytes": 2**20,
                       "max_images_per_result": 8}}}}))
     size = {"trajectories": 12 if quick else 24, "turns": 4, "rounds": 2 if quick else 5, "seed": seed}
-    runs = {kind: asyncio.run(_play(kind, config, **size)) for kind in ("vl", "text")}
+    runs = {kind: asyncio.run(play(kind, config, **size)) for kind in ("vl", "text")}
     return {
         "image_rollout_crashes": sum(r["rollout_crashes"] for r in runs.values()),
         "image_trajectories_finished": sum(r["trajectories_finished"] for r in runs.values()),

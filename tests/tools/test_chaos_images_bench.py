@@ -30,7 +30,7 @@ def test_every_bad_image_becomes_feedback_and_no_rollout_crashes(chaos_images, t
     config.write_text(json.dumps({"mcpServers": {"toolbox": {
         "command": sys.executable, "args": [str(chaos_images.TOOLBOX)],
         "rlfactory": {"cache": False, "max_image_bytes": 2**20, "max_images_per_result": 8}}}}))
-    out = asyncio.run(chaos_images._play(kind, config, trajectories=3, turns=4, rounds=1, seed=0))
+    out = asyncio.run(chaos_images.play(kind, config, trajectories=3, turns=4, rounds=1, seed=0))
     assert sorted(out["by_case"]) == sorted(chaos_images.CASES)  # 12 calls: each case once
     assert out["rollout_crashes"] == 0 and out["trajectories_finished"] == 3, out["errors"]
     assert out["feedback_missing"] == 0, {c: r.get("missing_example") for c, r in out["by_case"].items()}
