@@ -2,7 +2,7 @@
 seconds on the same trajectories, and the image path's share of a step (issue 39).
 
     python bench/multimodal.py --json bench/results/multimodal.json [--model models/quickstart-vision]
-                               [--prompts 8] [--samples 4] [--rounds 3] [--quick] [--set A.B=C ...]
+                               [--prompts 4] [--samples 2] [--rounds 3] [--quick] [--set A.B=C ...]
 
 Policy: the quickstart's vision-language model (`--model`, default `models/quickstart-vision`, made by
 `rlfactory sft recipes/quickstart_vision_sft.yaml`). When that folder does not exist, `tiny-random-vl` with scripted
@@ -339,7 +339,7 @@ def summarise(runs: dict[str, list[dict[str, float]]], model_name: str, prompts:
     }
 
 
-def run(model: Path | None = DEFAULT_MODEL, prompts: int = 8, samples: int = 4, rounds: int = 3,
+def run(model: Path | None = DEFAULT_MODEL, prompts: int = 4, samples: int = 2, rounds: int = 3,
         quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole benchmark (quick: 2 prompts x 2 samples, 1 round, no warm-up). `model`: a VL model folder;
     None, or a folder that does not exist, runs the scripted tiny-random-vl. `overrides`: recipe `a.b=c` settings."""
@@ -357,8 +357,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, help="write the figures to this JSON file")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a Qwen-VL model folder")
-    p.add_argument("--prompts", type=int, default=8, help="tasks per round (a step's prompts)")
-    p.add_argument("--samples", type=int, default=4, help="samples per task")
+    p.add_argument("--prompts", type=int, default=4, help="tasks per round (a step's prompts)")
+    # A VL batch's update holds whole [N, T, V] logits: 8 rows of the stand-in (Qwen's 151,936 words) are ~2 GB a copy.
+    p.add_argument("--samples", type=int, default=2, help="samples per task")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up round)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="A.B=C", help="a recipe override (repeatable)")
