@@ -5,13 +5,14 @@ images, to a vision-language policy and to a text-only one, round after round.
 
 A real MCP server subprocess (tests/tools/servers/image_toolbox.py, `max_image_bytes` 1 MiB as
 mcp_configs/vision.json sets it) answers every call with one case, drawn from a seeded deck that holds each case
-equally often per round: `good` (a 64x64 PNG), `huge_bytes` (a 700x700 noise PNG, 1.5 MB), `huge_pixels` (a 4,000 x
-4,000 PNG: within the bounds, decoded whole, then resized by the vision processor), `bomb` and `bomb_past_pil` (PNG
-headers claiming 10,000 and 50,000 pixels square: refused by our bound, and by PIL's own before it), `corrupt` (a PNG cut in half), `not_an_image`, `unsupported` (a TIFF), `thin` (a 1 x 305
-strip the processor refuses), `many` (100 images in one result, over `max_images_per_result`), `several` (8 images,
-the most allowed) and `mixed` (a good image beside a corrupt one). Two policies play through it: scripted tiny
-Qwen3-VL (tests/scripted_model.py, a real Qwen3-VL forward with a random vision tower) and scripted tiny Qwen3
-(text-only), each calling a tool every turn; the HF engine, AgentLoop and ToolManager are the real ones.
+equally often per round: `good` (a 64x64 PNG), `huge_bytes` (a 700x700 noise PNG, 1.5 MB), `huge_pixels` (a
+4,000 x 4,000 PNG: within the bounds, decoded whole, then resized by the vision processor), `bomb` and
+`bomb_past_pil` (PNG headers claiming 10,000 and 50,000 pixels square: refused by our bound, and by PIL's own before
+it), `corrupt` (a PNG cut in half), `not_an_image`, `unsupported` (a TIFF), `thin` (a 1 x 305 strip the processor
+refuses), `many` (100 images in one result, over `max_images_per_result`), `several` (8 images, the most allowed)
+and `mixed` (a good image beside a corrupt one). Two policies play through it: scripted tiny Qwen3-VL
+(tests/scripted_model.py, a real Qwen3-VL forward with a random vision tower) and scripted tiny Qwen3 (text-only),
+each calling a tool every turn; the HF engine, AgentLoop and ToolManager are the real ones.
 
 Figures: `image_rollout_crashes` (rollouts that raised or ended as errors: must be 0; every trajectory plays all its
 turns), `image_feedback_missing` (calls of a bad case, or any image to the text-only policy, whose tool turn does not

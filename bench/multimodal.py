@@ -82,7 +82,8 @@ def load_recipe(model: Path | None, overrides: list[str] | None = None) -> tuple
             "model.lora.enabled=false"]
     if model is None:  # Qwen's tokenizer spells the prompt and the tool schemas in more tokens than the quickstart's
         sets += ["rollout.max_context_tokens=2048", "rollout.max_response_tokens=512"]
-    return Recipe.from_yaml(base, sets + list(overrides or [])), (str(model) if model is not None else "tiny-random-vl (scripted)")
+    name = str(model) if model is not None else "tiny-random-vl (scripted)"
+    return Recipe.from_yaml(base, sets + list(overrides or [])), name
 
 
 def scripted_policy(policy: Any, chat: Any) -> Any:
@@ -363,7 +364,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up round)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="A.B=C", help="a recipe override (repeatable)")
-    p.add_argument("--quick", action="store_true", help="2 prompts x 2 samples, 1 round, no warm-up (a smoke run, not figures)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 prompts x 2 samples, 1 round, no warm-up (a smoke run, not figures)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "transformers", "mcp", "rlfactory"):
