@@ -69,6 +69,7 @@ bench: install
 	$(PY) bench/forks.py --json bench/results/forks.json
 	$(PY) bench/train_step.py --json bench/results/train_step.json
 	$(PY) bench/engines.py --json bench/results/engines.json
+	$(PY) bench/multimodal.py --json bench/results/multimodal.json
 	$(PY) bench/hf_decode.py --json bench/results/hf_decode.json
 	$(PY) bench/verl_engine.py --json bench/results/verl_engine.json
 	$(PY) bench/async_train.py --json bench/results/async_train.json

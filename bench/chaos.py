@@ -28,6 +28,9 @@ The third reliability round adds one campaign module each (`bench/chaos_<name>.p
    `serve_max_rss_growth_mb`.
 9. **Runs started together into one folder** (`chaos_runs.py`): `concurrent_runs_lost`.
 10. **Poison lines in a live metrics.jsonl** (`chaos_dashboard.py`): `dashboard_poison_lines_survived`.
+11. **Hostile images from tools** (`chaos_images.py`, issue 39): huge, bomb, corrupt, unsupported, too thin and too
+    many images to a VL and a text-only policy: `image_rollout_crashes`, `image_feedback_missing`,
+    `image_max_rss_growth_mb`.
 """
 from __future__ import annotations
 
@@ -256,6 +259,7 @@ THIRD_ROUND_KEYS = {
     "serve": ("serve_requests_failed_by_others", "serve_max_rss_growth_mb"),
     "runs": ("concurrent_runs_lost",),
     "dashboard": ("dashboard_poison_lines_survived",),
+    "images": ("image_rollout_crashes", "image_feedback_missing", "image_max_rss_growth_mb"),
 }
 """The headline figures each campaign of the third reliability round returns (copied to the top of the JSON)."""
 
@@ -270,6 +274,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     import chaos_dashboard
     import chaos_envs
+    import chaos_images
     import chaos_outage
     import chaos_runs
     import chaos_sandbox
@@ -283,35 +288,36 @@ def main() -> None:
         ("serve", chaos_serve, "abusive requests to rlfactory serve beside ordinary ones"),
         ("runs", chaos_runs, "runs started together into one folder"),
         ("dashboard", chaos_dashboard, "poison lines in a live metrics.jsonl"),
+        ("images", chaos_images, "hostile images from tools to a VL and a text-only policy"),  # issue 39
     ]
     tmp = Path(tempfile.mkdtemp(prefix="rlf-chaos-"))
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     try:
-        print("1/10 tool-server kills during a 512-trajectory rollout ...", flush=True)
+        print("1/11 tool-server kills during a 512-trajectory rollout ...", flush=True)
         t = time.perf_counter()
         kills = asyncio.run(chaos_tools.server_kills(tmp, prompts=16 if args.quick else 64, seed=args.seed,
                                                      target_kills=10 if args.quick else 16))
         timings["server_kills_s"] = time.perf_counter() - t
         print(f"    {kills['server_kills']} kills, {kills['trajectories_written']}/{kills['trajectories_expected']} "
               f"trajectories, {kills['infra_failed_calls']} infra-failed calls", flush=True)
-        print("2/10 Redis loss (real and embedded) during training ...", flush=True)
+        print("2/11 Redis loss (real and embedded) during training ...", flush=True)
         t = time.perf_counter()
         redis = redis_loss(tmp, rng, steps=10 if args.quick else 16)
         timings["redis_loss_s"] = time.perf_counter() - t
-        print("3/10 trainer kill -9 x3 and --resume ...", flush=True)
+        print("3/11 trainer kill -9 x3 and --resume ...", flush=True)
         t = time.perf_counter()
         trainer = trainer_kills(tmp, rng, steps=8 if args.quick else 12)
         timings["trainer_kills_s"] = time.perf_counter() - t
-        print("4/10 tool output fuzzing ...", flush=True)
+        print("4/11 tool output fuzzing ...", flush=True)
         t = time.perf_counter()
         fuzz = asyncio.run(chaos_tools.fuzz(tmp, fuzzed=1000 if args.quick else 10_000, seed=args.seed,
                                             huge_mb=5 if args.quick else 50))
         timings["fuzz_s"] = time.perf_counter() - t
         third: dict[str, dict[str, Any]] = {}
         for i, (name, module, what) in enumerate(THIRD_ROUND, start=5):
-            print(f"{i}/10 {what} ...", flush=True)
+            print(f"{i}/11 {what} ...", flush=True)
             t = time.perf_counter()
             folder = tmp / name
             folder.mkdir()

@@ -1,8 +1,8 @@
 """A test MCP server whose tools return images, good and bad on purpose: a PNG with text, several images, a large
 noise PNG, decompression bombs (PNG headers claiming
 10,000 or 50,000 pixels square), a truncated PNG, a TIFF (a format
-rlfactory does not take), bytes that are no image at all, and a 1 x 305 strip (valid, but too thin for a vision
-processor).
+rlfactory does not take), bytes that are no image at all, a 1 x 305 strip (valid, but too thin for a vision
+processor), and a good image beside a corrupt one in one result. Used by the image tests and bench/chaos_images.py.
 
 Run: `python image_toolbox.py` (stdio).
 """
@@ -52,8 +52,7 @@ def squares(count: int) -> list:
 @app.tool(annotations=PURE)
 def noise(side: int) -> Image:
     """A PNG of random pixels (incompressible: about 3 x side^2 bytes)."""
-    rng = random.Random(side)
-    img = PILImage.frombytes("RGB", (side, side), bytes(rng.getrandbits(8) for _ in range(3 * side * side)))
+    img = PILImage.frombytes("RGB", (side, side), random.Random(side).randbytes(3 * side * side))
     return Image(data=_png(img), format="png")
 
 
@@ -80,6 +79,15 @@ def tiff() -> Image:
     buf = io.BytesIO()
     PILImage.new("RGB", (8, 8), (255, 0, 0)).save(buf, format="TIFF")
     return Image(data=buf.getvalue(), format="tiff")
+
+
+@app.tool(annotations=PURE)
+def mixed() -> list:
+    """A line of text, a good 16x16 PNG, then the first half of another PNG."""
+    good = _png(PILImage.new("L", (16, 16), 90))
+    cut = _png(PILImage.frombytes("RGB", (32, 32), random.Random(1).randbytes(3 * 32 * 32)))
+    return ["one good picture, one cut short", Image(data=good, format="png"), Image(data=cut[: len(cut) // 2],
+                                                                                      format="png")]
 
 
 @app.tool(annotations=PURE)
