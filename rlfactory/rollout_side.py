@@ -123,7 +123,7 @@ async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: 
 
 
 def vllm_model_folder(recipe: Recipe, model: Any, tokenizer: Any, scratch: contextlib.ExitStack) -> Path:
-    """An HF folder holding `model`'s weights and the tokenizer, for vLLM to start from: `model.path` itself when it
+    """An HF folder holding `model`'s weights and the tokenizer (and a VL policy's image processor), for vLLM to start from: `model.path` itself when it
     is such a folder and the weights are still its own, else the model saved into a temporary folder (removed when
     `scratch` closes)."""
     path = Path(recipe.model.path)
@@ -134,6 +134,8 @@ def vllm_model_folder(recipe: Recipe, model: Any, tokenizer: Any, scratch: conte
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="rlfactory-vllm-model-")))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    if (vision := vision_of(tokenizer)) is not None:  # vLLM expands image placeholders with the folder's processor
+        vision.image_processor.save_pretrained(folder)
     return folder
 
 
