@@ -194,3 +194,26 @@ async def test_new_weights_reach_vision_tower_and_text_stack(vllm_engine, vl_mod
     ours = await asyncio.gather(*[vllm_engine.generate(ids, GREEDY, images=shown or None) for ids, shown in prompts])
     _agree(ours, await _hf(vl_model, vl_tok, prompts))
     assert all(out.versions == [weights.version] * GREEDY.max_new_tokens for out in ours)
+
+
+@needs_vl_vllm
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_agent_loop_rollout_with_a_picture_is_the_hf_engines(vllm_engine, vl_model, vl_tok):
+    """The AgentLoop hands the task's picture to the engine (`images=`): the same trajectory on both engines."""
+    from rlfactory.recipe.rollout import RolloutConfig
+    from rlfactory.rollout.agent_loop import AgentLoop
+
+    chat = ChatFormat(vl_tok)
+    cfg = RolloutConfig(max_context_tokens=1024, max_response_tokens=64,
+                        sampling={"temperature": 0.0, "max_new_tokens_per_turn": 12})
+    task = {"prompt": "What number?", "id": "pic", "images": [{"data_b64": picture("42", 14).data_b64}]}
+    hf = HFEngine(vl_model, pad_token_id=PAD, eos_token_ids=[], device="cpu", vision=vl_tok.rlfactory_vision)
+    try:
+        ours, want = [await AgentLoop(engine, None, chat, cfg).run_one(task, horizon=1, seed=0)
+                      for engine in (vllm_engine, hf)]
+    finally:
+        await hf.close()
+    assert ours.error is None and len(ours.images) == 1 and ours.images[0].tokens == 35
+    assert ours.prompt_ids == want.prompt_ids and ours.response_ids == want.response_ids
+    assert torch.allclose(torch.tensor(ours.logprobs), torch.tensor(want.logprobs), atol=1e-4)
