@@ -67,6 +67,28 @@ def test_image_token_id_is_read_from_a_vl_folder_only(tmp_path):
     assert image_token_id(tmp_path / "text") is None
 
 
+def test_the_vllm_model_folder_of_a_vl_policy_holds_its_image_processor(tmp_path):
+    """What vLLM expands placeholders with (the folder's preprocessor_config.json) gives the policy's token counts."""
+    import contextlib
+
+    from rlfactory.models.loading import load_policy, load_tokenizer
+    from rlfactory.models.vision import load_vision_processor, vision_of
+    from rlfactory.recipe.schema import Recipe
+    from rlfactory.rollout_side import vllm_model_folder
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "hi", "answer": "1"}\n')
+    recipe = Recipe.model_validate({"model": {"path": "tiny-random-vl"},
+                                    "data": {"train_file": str(tmp_path / "train.jsonl")}})
+    tok = load_tokenizer(recipe)
+    with contextlib.ExitStack() as scratch:
+        folder = vllm_model_folder(recipe, load_policy(recipe, "cpu"), tok, scratch)
+        assert image_token_id(folder) == vision_of(tok).image_token_id == IMAGE_PAD
+        saved = load_vision_processor(folder, tok)
+        for im in (picture("42", 14), picture("7", 5)):
+            assert saved.num_tokens(im) == vision_of(tok).num_tokens(im)
+    assert not folder.exists()
+
+
 # ------------------------------------------------------------------------------ vLLM that cannot load a VL model
 @pytest.mark.skipif(not VLLM or SERVES_VL, reason="needs a vllm that cannot load Qwen-VL models (no torchvision)")
 def test_a_vl_folder_is_refused_with_the_reason_before_vllm_loads_anything(tmp_path):
