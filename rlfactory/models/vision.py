@@ -40,7 +40,8 @@ class Picture(Protocol):
     def sha256(self) -> str: ...
 
 
-def _rgb(image: Picture) -> Any:
+def pil_image(image: Picture) -> Any:
+    """The image as an RGB PIL image (what image processors take)."""
     import base64
     import io
 
@@ -81,7 +82,7 @@ class VisionProcessor:
             if hit is not None:
                 self._cache.move_to_end(image.sha256)
                 return hit
-        out = self.image_processor(images=[_rgb(image)], return_tensors="pt")
+        out = self.image_processor(images=[pil_image(image)], return_tensors="pt")
         entry = (out["pixel_values"], tuple(int(x) for x in out["image_grid_thw"][0]))
         with self._lock:
             if image.sha256 not in self._cache:

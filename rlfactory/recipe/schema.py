@@ -176,15 +176,13 @@ def resolve_model_path(p: str, base: Path) -> str:
 
 
 def vl_engine_problems(r: Recipe, model: str) -> list[str]:
-    """Why a vision-language policy (`model`) cannot run on this recipe's engines: images go through the local engine's
-    HF rollouts only (rlfactory/rollout/engines/hf_vision.py); rlfactory does not pass them to vLLM or to verl yet."""
+    """Why a vision-language policy (`model`) cannot run on this recipe's engines, whatever is installed: images go
+    through the local engine only (HF rollouts, rlfactory/rollout/engines/hf_vision.py, or vLLM rollouts where vLLM can
+    load the model: preflight checks that, `rollout/engines/vllm_vision.py`); rlfactory does not pass them to verl."""
     p = []
     if r.engine == "verl":
         p.append(f"engine: verl with a vision-language policy ({model}): rlfactory does not map images onto verl's "
                  f"multimodal agent loop yet; use engine: local with rollout.engine: hf")
-    elif r.rollout.engine == "vllm":
-        p.append(f"rollout.engine: vllm with a vision-language policy ({model}): rlfactory does not send images to "
-                 f"vLLM yet; use rollout.engine: hf")
     return p
 
 

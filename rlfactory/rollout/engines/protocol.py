@@ -3,8 +3,8 @@
 Implementations: `hf.HFEngine` (transformers, dynamic batching) and `vllm.VLLMEngine` (vLLM async
 engine, lazily imported). Engines never see text the policy produced as text: no decode-and-re-encode here.
 A vision-language policy's requests also carry `images=` (the `ToolImage`s of the prompt's placeholder runs, in
-order); the AgentLoop passes it only when a trajectory has images, and only `HFEngine` takes it (the recipe checks
-refuse a VL policy on the other engines before start-up).
+order); the AgentLoop passes it only when a trajectory has images. `HFEngine` and `VLLMEngine` take it (vLLM only
+where it can load the model: preflight refuses a VL policy on vLLM before start-up otherwise, and on verl always).
 """
 from __future__ import annotations
 

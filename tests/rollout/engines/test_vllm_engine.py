@@ -110,3 +110,15 @@ async def test_weight_update_changes_outputs_and_resets_prefix_cache(vllm_engine
     await vllm_engine.update_weights(tiny_qwen3.state_dict())  # put the module's model back
     assert (await vllm_engine.generate(LONG_PROMPT, GREEDY)).token_ids == before.token_ids
     assert vllm_engine.weight_updates == 2
+
+
+async def test_images_for_a_text_model_are_refused(vllm_engine):
+    import base64
+
+    from rlfactory.envs.tools.digits_image import render_png
+    from rlfactory.tools.images import ImageLimits, decode_image
+
+    picture = decode_image(base64.b64encode(render_png("7")).decode(), "image/png", ImageLimits())
+    assert vllm_engine.image_token_id is None  # a text model's folder: no <|image_pad|> to expand
+    with pytest.raises(ValueError, match="1 images given to the vLLM engine of a text-only model"):
+        await vllm_engine.generate(PROMPTS[0], GREEDY, images=[picture])
