@@ -173,7 +173,7 @@ def response_logprobs(
     t_len = batch.responses.shape[1]
     if batch.pixels is not None:
         return _pixel_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                               entropy_grad=entropy_grad)
+                               entropy_grad=entropy_grad, share_prompts=share_prompts)
     split = split_lm_head(model)
     if split is not None and len(batch) * t_len * split[1].out_features <= DENSE_MAX_LOGITS:
         split = None
@@ -199,14 +199,23 @@ def response_logprobs(
 
 
 def _pixel_logprobs(model: Any, batch: GRPOBatch, *, temperature: float, with_entropy: bool,
-                    entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`response_logprobs` of a batch with images: every row whole (no prompt sharing), with its pixels and mRoPE
-    positions, the image placeholder out of the distribution as the engine samples (algorithms/pixels.py)."""
+                    entropy_grad: bool, share_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` of a batch with images, with its pixels and mRoPE positions, the image placeholder out of
+    the distribution as the engine samples (algorithms/pixels.py). With `share_prompts`, when no prompt holds an
+    image (pictures that tools returned: all in the responses), a group's prompt runs once as for text; otherwise
+    every row runs whole."""
     t_len = batch.responses.shape[1]
+    vl = batch.pixels.model_inputs(batch.position_ids)
     with autocast(model):
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                    logits_to_keep=t_len + 1, **batch.pixels.model_inputs(batch.position_ids))
-        logits = batch.pixels.ban_placeholder(out.logits[:, -(t_len + 1):-1, :])  # [N, T, V]
+        logits = None
+        prompts = batch.input_ids[:, :batch.prompt_len]
+        if share_prompts and not bool((prompts == batch.pixels.vision.image_token_id).any()):
+            logits = _shared_prompt_states(model, batch, vl=vl)
+        if logits is None:
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                        logits_to_keep=t_len + 1, **vl)
+            logits = out.logits[:, -(t_len + 1):-1, :]  # [N, T, V]
+        logits = batch.pixels.ban_placeholder(logits)
     return dense_token_logprobs(logits, batch.responses, temperature=temperature, with_entropy=with_entropy,
                                 entropy_grad=entropy_grad)
 
@@ -227,12 +236,15 @@ def prompt_groups(batch: GRPOBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return first[order], rank[inverse]
 
 
-def _shared_prompt_states(model: Any, batch: GRPOBatch, decoder: Any = None) -> torch.Tensor | None:
+def _shared_prompt_states(model: Any, batch: GRPOBatch, decoder: Any = None,
+                          vl: dict[str, Any] | None = None) -> torch.Tensor | None:
     """Response-position logits [N, T, V] (or, given the model's `decoder` from `split_lm_head`, its final hidden
     states [N, T, H]) from one pass over the distinct prompts ([G, P], keeping its KV cache) and one over all
     responses ([N, T-1], attending to the prompt keys/values gathered per row). Gathering is an index_select, so the
     backward pass sums each prompt's gradient over the rows that share it. None when sharing would skip too little,
-    or the model cannot return a cache while training (gradient checkpointing)."""
+    or the model cannot return a cache while training (gradient checkpointing). `vl`: a VL batch's model inputs
+    (`PixelRows.model_inputs`) whose images all lie in the responses: positions [4, N, L] for both passes, the
+    pixels for the responses' pass."""
     p, t_len, n = batch.prompt_len, batch.responses.shape[1], len(batch)
     if getattr(model, "is_gradient_checkpointing", False) and model.training:
         return None
@@ -245,8 +257,10 @@ def _shared_prompt_states(model: Any, batch: GRPOBatch, decoder: Any = None) -> 
     def states(out: Any) -> torch.Tensor:
         return out.logits if decoder is None else out.last_hidden_state
 
+    vl = dict(vl or {})
+    positions = vl.pop("position_ids", batch.position_ids)  # [N, L], or a VL batch's [4, N, L]
     out = run(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
-              position_ids=batch.position_ids[first, :p], use_cache=True, **keep)
+              position_ids=positions[..., first, :p], use_cache=True, **keep)
     head = states(out)[:, -1:, :].index_select(0, inverse)  # [N, 1, V or H]: predicts response token 0
     if t_len == 1:
         return head
@@ -254,7 +268,7 @@ def _shared_prompt_states(model: Any, batch: GRPOBatch, decoder: Any = None) -> 
     for i, layer in enumerate(out.past_key_values.layers):
         cache.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), i)
     rest = run(input_ids=batch.input_ids[:, p:p + t_len - 1], attention_mask=batch.attention_mask[:, :p + t_len - 1],
-               position_ids=batch.position_ids[:, p:p + t_len - 1], past_key_values=cache, use_cache=True)
+               position_ids=positions[..., p:p + t_len - 1], past_key_values=cache, use_cache=True, **vl)
     return torch.cat([head, states(rest)], dim=1)  # [N, T, V or H]
 
 

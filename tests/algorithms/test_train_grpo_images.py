@@ -104,3 +104,39 @@ def test_the_loss_reaches_the_vision_tower_and_images_need_a_processor(vl):
     assert grads and all(g is not None for g in grads) and sum(float(g.abs().sum()) for g in grads) > 0
     with pytest.raises(ValueError, match="no image processor was given"):
         build_batch(trajs, pad_id=151643)
+
+
+def test_a_groups_prompt_runs_once_when_the_pictures_are_in_the_responses(vl, monkeypatch):
+    """Pictures that tools returned lie in the responses: the group's prompt pass is shared as for text (the same
+    logprobs and gradients as whole rows), and a batch whose prompts hold a picture runs every row whole."""
+    from rlfactory.algorithms import grpo
+
+    model, tok = vl
+    trajs = _generated(model, tok, 1.0)
+    tool_only = [t for t in trajs if t.images and all(im.turn is not None for im in t.images)]
+    prompt_pics = build_batch(trajs, pad_id=151643, vision=tok.rlfactory_vision)
+    assert tool_only and len(tool_only) < len(trajs)
+    group = [t.model_copy(update={"id": f"{t.id}-{k}"}) for t in tool_only for k in range(3)]
+    batch = build_batch(group, pad_id=151643, vision=tok.rlfactory_vision)
+    monkeypatch.setattr(grpo, "SHARE_MIN_TOKENS", 0)
+    shared_runs = []
+    real = grpo._shared_prompt_states
+    monkeypatch.setattr(grpo, "_shared_prompt_states",
+                        lambda *a, **k: shared_runs.append(1) or real(*a, **k))
+    trained = copy.deepcopy(model).train()
+    whole, _ = response_logprobs(trained, batch)
+    (-(whole * batch.response_mask).sum()).backward()
+    grads_whole = {n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None}
+    trained.zero_grad()
+    shared, _ = response_logprobs(trained, batch, share_prompts=True)
+    assert shared_runs == [1]
+    (-(shared * batch.response_mask).sum()).backward()
+    mask = batch.response_mask.bool()
+    assert torch.allclose(shared[mask], whole[mask], atol=2e-5)
+    assert torch.allclose(shared[mask], batch.old_log_probs[mask], atol=2e-4)
+    for n, p in trained.named_parameters():
+        if n in grads_whole:
+            assert torch.allclose(p.grad, grads_whole[n], atol=1e-5, rtol=1e-3), n
+    with torch.no_grad():
+        response_logprobs(model, prompt_pics, share_prompts=True)
+    assert shared_runs == [1]  # a prompt with a picture: every row whole
