@@ -1,6 +1,6 @@
 """Do the environments learn? Per environment: greedy eval of the warm start, GRPO, greedy eval again.
 
-    python bench/env_learning.py --json bench/results/env_learning.json [--envs babyai,textcraft] [--seeds 0,1]
+    python bench/env_learning.py --json bench/results/env_learning.json [--envs babyai,textcraft,web] [--seeds 0,1]
                                  [--serial]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped recipes:
@@ -11,10 +11,12 @@ The seeds train at the same time (`--serial`: one after another), each run in it
 and its own tool server, so on 2 cores each has about one core. Validation is the recipe's held-out tasks
 (`data.val_file`), one greedy episode each; success is pass@1 (the recipe's reward is the environment's success).
 Reported per environment, averaged over the seeds: `<env>_success_warm`, `<env>_success_trained`,
-`<env>_success_rise` (goal >= 0.2) and `<env>_grpo_minutes` (the training run's own wall time, the largest over the
-seeds; goal <= 15), with per-seed figures and what the policy does before and after (mean turns per episode; the
-share of first actions in the style GRPO is expected to bring back: for BabyAI, AgentGym macros; for TextCraft, a
-`get` of the goal itself, which asks for its crafting command). `--png` (default next to the JSON) plots training
+`<env>_success_rise` (goal >= 0.2; web: >= 0.10) and `<env>_grpo_minutes` (the training run's own wall time, the
+largest over the seeds; goal <= 15; web: <= 20), with per-seed figures and what the policy does before and after
+(mean turns per episode; the share of first actions in the style GRPO is expected to bring back: for BabyAI,
+AgentGym macros; for TextCraft, a `get` of the goal itself, which asks for its crafting command; for the web, a
+search for the product the task names, typed exactly as the task spells it). `--envs web` is not in the default
+list: its GRPO runs in a real browser and is measured on its own. `--png` (default next to the JSON) plots training
 reward against wall-clock minutes.
 """
 from __future__ import annotations
@@ -35,10 +37,14 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPES = {"babyai": REPO / "recipes" / "babyai_learn.yaml", "textcraft": REPO / "recipes" / "textcraft_learn.yaml"}
+RECIPES = {"babyai": REPO / "recipes" / "babyai_learn.yaml", "textcraft": REPO / "recipes" / "textcraft_learn.yaml",
+           "web": REPO / "recipes" / "web_learn.yaml"}
 _MACROS = ("go to ", "pickup ", "toggle and go through ", "go through ")
 _GOAL = re.compile(r"Goal: craft (.+?)\.\s*$", re.MULTILINE)
-STYLE = {"babyai": "macro", "textcraft": "asks_goal"}  # per env: the first-action style reported
+_TASK = re.compile(r"^Task: (.+)$", re.MULTILINE)
+_TYPED = re.compile(r"type \[\d+\] \[(.+?)\]")
+_PRODUCT = re.compile(r".*\bthe (.+?)(?: have| available| listed)?\?$")  # shop templates 1-6
+STYLE = {"babyai": "macro", "textcraft": "asks_goal", "web": "searches_product"}  # per env: the first-action style
 
 
 def _run(cmd: list[str], log: Path) -> float:
@@ -65,12 +71,25 @@ def _goal(row: dict[str, Any]) -> str | None:
     return None
 
 
+def _task_line(row: dict[str, Any]) -> str | None:
+    """The web task's intent, from the episode's reset observation (`Task: ...`)."""
+    for msg in row.get("messages", []):
+        if msg.get("role") in ("user", "tool") and (m := _TASK.search(str(msg.get("content", "")))):
+            return m.group(1)
+    return None
+
+
 def _first_action_is_style(env: str, row: dict[str, Any]) -> bool:
     """BabyAI: the first action is an AgentGym macro. TextCraft: it is a `get` of the goal (which the environment
-    answers with the goal's crafting command), not of an ingredient or of another item."""
+    answers with the goal's crafting command), not of an ingredient or of another item. Web: it types into a box a
+    product name exactly as the task's intent names it (`... of the <name>?`, `does the <name> have?`, ...)."""
     action = str((row["tool_calls"][0].get("arguments") or {}).get("action", "")) if row["tool_calls"] else ""
     if env == "babyai":
         return action.startswith(_MACROS)
+    if env == "web":
+        typed, intent = _TYPED.match(action.strip()), _task_line(row)
+        product = _PRODUCT.search(intent) if intent else None
+        return typed is not None and product is not None and typed.group(1) == product.group(1)
     goal = _goal(row)
     return goal is not None and re.fullmatch(rf"get \d+ {re.escape(goal)}", action.strip().lower()) is not None
 
@@ -132,7 +151,7 @@ def plot(per_env: dict[str, list[dict[str, Any]]], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", required=True, type=Path)
-    ap.add_argument("--envs", default="babyai,textcraft")
+    ap.add_argument("--envs", default="babyai,textcraft", help="comma-separated: babyai, textcraft, web")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=None, help="override trainer.total_steps (default: the recipe's)")
     ap.add_argument("--png", type=Path, default=None)

@@ -2,12 +2,15 @@
 real headless Chromium, each episode with its own copy of the sites' databases.
 
 Run: `python -m rlfactory.envs.tools.web [--split train|heldout] [--max-steps N] [--view text|pixels]
-[--max-chars N] [--seed N] [--chromium PATH] [--max-episodes N] [--idle-timeout-s S]`.
+[--max-chars N] [--seed N] [--templates 1,6,202] [--heldout-from N] [--chromium PATH] [--max-episodes N]
+[--idle-timeout-s S]`.
 
 The server starts the site server itself (a child process on a free 127.0.0.1 port, stopped with the server) and
 one Chromium for all episodes. Tools (each takes `episode_id`, filled in by rlfactory):
 - `reset(task_id)`: task `task_id % N` of the split (ids 0, 1, 2: a shop, a forum and a wiki task); returns the
-  intent and the start page's observation.
+  intent and the start page's observation. `--templates`: only those templates' tasks are numbered;
+  `--heldout-from H`: ids >= H open held-out task `id - H` (a learning recipe's validation rows, on the same
+  server as its training rows; mcp_configs/web_learn.json).
 - `step(action)`: one WebArena action; `stop [answer]` ends and scores the episode (`score` in [0, 1]), as does the
   step limit.
 - `observe()`, `close()`, and the loop-only `fork(into)` (sites and browser copied).
@@ -27,6 +30,7 @@ the start URL), `evaluate(answer, final_url)` (the score; ends the episode), `ob
 """
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -62,6 +66,10 @@ def main() -> None:
                        help="pixels: a screenshot of the tab after each result's text")
         p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="observation budget in characters")
         p.add_argument("--seed", type=int, default=0, help="content seed of the sites (and so of the tasks)")
+        p.add_argument("--templates", type=_ids, default=None,
+                       help="comma-separated template ids: serve only their tasks (default: every template)")
+        p.add_argument("--heldout-from", type=int, default=None,
+                       help="task ids from this one on open held-out tasks (id minus this), whatever --split")
         p.add_argument("--cache", default=None, help="folder of the sites' seed databases")
         p.add_argument("--chromium", default=CHROMIUM, help="the Chromium executable (Debian's by default)")
         p.add_argument("--browser", choices=("ours", "none"), default="ours",
@@ -71,14 +79,16 @@ def main() -> None:
 
     args = server_args("Web environment MCP server", max_episodes=32, extra=extra)
     world = WebWorld(seed=args.seed, cache=Path(args.cache) if args.cache else None,
-                     browser=BrowserSettings(executable_path=args.chromium), with_browser=args.browser == "ours")
+                     browser=BrowserSettings(executable_path=args.chromium), with_browser=args.browser == "ours",
+                     templates=args.templates)
     world.start()
     if args.browser == "none":
         serve_tasks_only(world, args)
         return
 
     def make() -> WebEnv:
-        return WebEnv(world, split=args.split, max_steps=args.max_steps, view=args.view, max_chars=args.max_chars)
+        return WebEnv(world, split=args.split, max_steps=args.max_steps, view=args.view, max_chars=args.max_chars,
+                      heldout_from=args.heldout_from)
 
     def health() -> tuple[bool, str]:
         try:
@@ -93,8 +103,10 @@ def main() -> None:
         except EnvError as e:
             return False, f"the browser does not launch: {e}"
         proc = world.host.chromium.process()
-        return True, (f"sites at {world.sites.origin}, {len(world.splits[args.split])} {args.split} tasks, chromium "
-                      f"running (pid {proc.pid if proc else '?'})")
+        heldout = (f", {len(world.splits['heldout'])} held-out tasks from id {args.heldout_from}"
+                   if args.heldout_from is not None else "")
+        return True, (f"sites at {world.sites.origin}, {len(world.splits[args.split])} {args.split} tasks{heldout}, "
+                      f"chromium running (pid {proc.pid if proc else '?'})")
 
     es = build_env_server(
         "web", make, instructions=INSTRUCTIONS,
@@ -107,6 +119,13 @@ def main() -> None:
         max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s, health=health, forkable=True)
     es.on_shutdown.append(world.close)
     es.run()
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write template ids separated by commas (e.g. 1,6,202)") from None
 
 
 def serve_tasks_only(world: WebWorld, args) -> None:

@@ -15,8 +15,8 @@ Solvers (rlfactory/envs/solvers.py), chosen per demo set by `policy`:
 - `babyai`: `BabyAIWords` on AgentGym's action words, style `walk` (the level planner's single steps) or `macro`
   (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights;
 - `web`: the task's plan (rlfactory/envs/web/demonstrator.py), each step found by its id in the last observation,
-  style `plan`; the task is the web server's `reset(task_id)` of the split and seed in the row's `env` (`split`,
-  `seed`; default train, 0).
+  style `plan`; the task is the one the server says its `reset` opened (the `task_id` of its result, whatever the
+  server's split, templates and held-out id offset), of the content seed in the row's `env.seed` (default 0).
 
 Left out: SciWorld and Deep Search demonstrators (no scripted solver for them yet).
 """
@@ -42,7 +42,7 @@ class _TextCraftSolver:
         self.plan: list[str] | None = None
         self.stuck = False
 
-    def first(self, observation: str) -> None:
+    def first(self, observation: str, opened: dict[str, Any]) -> None:
         self.plan = textcraft_plan(observation, self.style)
 
     def next_action(self) -> str:
@@ -64,7 +64,7 @@ class _BabyAISolver:
     def stuck(self) -> bool:
         return self.words.stuck
 
-    def first(self, observation: str) -> None:
+    def first(self, observation: str, opened: dict[str, Any]) -> None:
         pass
 
     def next_action(self) -> str:
@@ -78,21 +78,21 @@ class _WebSolver:
     """Reads every observation (`see`): each plan step's element id is found in the page it acts on."""
 
     def __init__(self, task: dict[str, Any], style: str):
-        from rlfactory.envs.web.env import split_tasks
-
-        env = _env(task)
-        tasks = split_tasks(int(env.get("seed", 0)))[env.get("split", "train")]
-        self.config = tasks[int(env["task_id"]) % len(tasks)]
+        self.seed = int(_env(task).get("seed", 0))
         self.policy: Any = None
         self.observation = ""
         self.stuck = False
 
-    def first(self, observation: str) -> None:
+    def first(self, observation: str, opened: dict[str, Any]) -> None:
         from rlfactory.envs.web.demonstrator import PlanDemonstrator
+        from rlfactory.envs.web.env import configs_by_id
 
-        # The server must have opened the task this solver planned for (same split and seed).
-        self.stuck = not observation.startswith(f"Task: {self.config['intent']}\n")
-        self.policy, self.observation = PlanDemonstrator(self.config), observation
+        # The plan of the task the server opened; the observation must state its intent (same content seed).
+        config = configs_by_id(self.seed).get(opened.get("task_id"))  # type: ignore[arg-type]
+        self.stuck = config is None or not observation.startswith(f"Task: {config['intent']}\n")
+        self.observation = observation
+        if not self.stuck:
+            self.policy = PlanDemonstrator(config)
 
     def next_action(self) -> str:
         from rlfactory.envs.web.demonstrator import DemoStuck
@@ -143,7 +143,7 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
         return None, "reset_error"
     observation = (opened.structured or {}).get("observation")
     observation = observation if isinstance(observation, str) else response_text(opened)
-    solver.first(observation)
+    solver.first(observation, opened.structured or {})
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]},
                                       {"role": "user", "content": observation}]
     try:

@@ -71,3 +71,20 @@ def test_textcraft_first_action_style_is_a_get_of_the_goal_itself(horizons, tmp_
     assert got == {"turns_mean": 1.5, "first_action_asks_goal_share": 0.25}
     babyai = env_learning.behaviour(tmp_path, "babyai")
     assert babyai["first_action_macro_share"] == 0.0  # none of these starts with an AgentGym macro
+
+
+def test_web_first_action_style_is_a_search_for_the_named_product(horizons, tmp_path):
+    """bench/env_learning.py's web behaviour figure: a first action that types the product the task names, exactly
+    as the intent spells it (any of the six shop questions' shapes); part of the name, a click or a stop is not."""
+    import env_learning
+
+    page = "Task: {}\n\nTab 0 (current): Home - Shop\n[10] searchbox 'Search'"
+    rows = [_episode(page.format("What is the price of the Maple Active Glass Blanket?"),
+                     ["type [10] [Maple Active Glass Blanket] [1]", "click [91]"]),
+            _episode(page.format("How many reviews does the Solace Classic Recycled Mug have?"),
+                     ["type [10] [Solace Classic Recycled Mug] [1]"]),
+            _episode(page.format("In which colours is the Solace Classic Recycled Mug available?"),
+                     ["type [10] [Solace Classic] [1]"]),                                 # part of the name
+            _episode(page.format("In which category is the Nordic Bold Canvas Shirt listed?"), ["stop [Shirts]"])]
+    got = env_learning.behaviour(_eval_rows(tmp_path, rows), "web")
+    assert got == {"turns_mean": 1.25, "first_action_searches_product_share": 0.5}

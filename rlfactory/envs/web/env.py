@@ -5,7 +5,9 @@ browser process and the task list.
 
 - `reset(task_id)`: task `task_id % N` of the world's split (train or held-out; the list interleaves the sites, so
   ids 0, 1, 2 are a shop, a forum and a wiki task), a fresh copy of the sites' databases, a browser at its start
-  URL. The observation is the intent, then the page.
+  URL. The observation is the intent, then the page. A world built with `templates` serves only those templates'
+  tasks; an env with `heldout_from=H` opens held-out task `task_id - H` for ids >= H (one server then serves a
+  recipe's training rows and its held-out validation rows, as BabyAI's ids 10000+ do).
 - `step(action)`: one WebArena action (`click [12]`, `type [3] [text] [1]`, `goto [url]`, `stop [answer]`, ...).
   `stop [answer]` ends the episode and scores it (answer, final URL and the episode's databases: `evaluator.py`);
   so does the step limit, scored on the pages and databases as they are, with no answer.
@@ -19,11 +21,13 @@ whose databases were written differently (another number of transactions, a time
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import re
 import uuid
+from collections.abc import Collection
 from itertools import zip_longest
 from pathlib import Path
 
@@ -61,28 +65,43 @@ def interleave_sites(configs: list[dict]) -> list[dict]:
     return [c for group in zip_longest(*by_site.values()) for c in group if c is not None]
 
 
-def split_tasks(seed: int = 0, cache: Path | None = None) -> dict[str, list[dict]]:
+def split_tasks(seed: int = 0, cache: Path | None = None,
+                templates: Collection[int] | None = None) -> dict[str, list[dict]]:
     """{split: its task configs in the order `reset(task_id)` numbers them} for content `seed` (what a server with
-    that seed serves; a demonstrator outside the server rebuilds it to know a task id's plan)."""
-    configs = build_tasks(seed, cache)
+    that seed serves; a demonstrator outside the server rebuilds it to know a task id's plan). `templates`: only
+    those templates' tasks (what a server started with `--templates` serves)."""
+    configs = [c for c in build_tasks(seed, cache) if templates is None or c["intent_template_id"] in templates]
     return {s: interleave_sites([c for c in configs if c["split"] == s]) for s in SPLITS}
+
+
+@functools.lru_cache(maxsize=4)
+def configs_by_id(seed: int = 0) -> dict[int, dict]:
+    """Every task config of content `seed` by its `task_id` (the id a server's results report, whatever its split,
+    templates or id offset), built once per process."""
+    return {c["task_id"]: c for c in build_tasks(seed)}
 
 
 class WebWorld:
     """The site server, the browser and the tasks shared by every episode of one process; `start()` / `close()`."""
 
     def __init__(self, *, seed: int = 0, cache: Path | None = None, browser: BrowserSettings | None = None,
-                 with_browser: bool = True):
+                 with_browser: bool = True, templates: Collection[int] | None = None):
         self.sites = WebSites(seed=seed, cache=cache)
         self.seed, self.cache = seed, cache
+        self.templates = None if templates is None else frozenset(templates)
         self.browser_settings = browser
         self.host: BrowserHost | None = None
         self.with_browser = with_browser
         self.splits: dict[str, list[dict]] = {}
 
     def start(self) -> WebWorld:
+        splits = split_tasks(self.seed, self.cache, self.templates)
+        if self.templates is not None and not all(splits.values()):  # before anything starts: nothing to stop
+            known = sorted({c["intent_template_id"] for c in build_tasks(self.seed, self.cache)})
+            raise ValueError(f"templates {sorted(self.templates)} leave a split without tasks "
+                             f"({ {s: len(t) for s, t in splits.items()} }); known template ids: {known}")
         self.sites.start()
-        self.splits = split_tasks(self.seed, self.cache)
+        self.splits = splits
         if self.with_browser:
             self.host = BrowserHost(self.browser_settings)
         return self
@@ -146,7 +165,7 @@ class WebEnv:
     """One episode of the web environment (an `Env`)."""
 
     def __init__(self, world: WebWorld, *, split: str = "train", max_steps: int = DEFAULT_MAX_STEPS,
-                 view: str = "text", max_chars: int = DEFAULT_MAX_CHARS):
+                 view: str = "text", max_chars: int = DEFAULT_MAX_CHARS, heldout_from: int | None = None):
         if split not in SPLITS:
             raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
         if view not in VIEWS:
@@ -154,6 +173,9 @@ class WebEnv:
         if world.host is None:
             raise ValueError("WebEnv needs a world started with its browser (WebWorld(with_browser=True))")
         self.world, self.split, self.max_steps, self.view, self.max_chars = world, split, max_steps, view, max_chars
+        self.heldout_from = heldout_from
+        self.task_split = split
+        """The split of the open task: `split`, or held-out for an id >= `heldout_from`."""
         self.episode: str | None = None
         self.config: dict | None = None
         self.browser: BrowserEnv | None = None
@@ -173,7 +195,11 @@ class WebEnv:
 
     def reset(self, task_id: int = 0) -> StepResult:
         self.close()
-        episode, config, self.url = self.world.open_task(self.split, task_id)
+        split = self.split
+        if self.heldout_from is not None and task_id >= self.heldout_from:
+            split, task_id = "heldout", task_id - self.heldout_from
+        episode, config, self.url = self.world.open_task(split, task_id)
+        self.task_split = split
         self.episode, self.config, self.steps, self.done, self.score = episode, config, 0, False, 0.0
         self.browser = BrowserEnv(self.world.host, max_chars=self.max_chars)
         first = self.browser.open(self.url, self._policy_urls(episode), confine_paths=True)
@@ -184,7 +210,7 @@ class WebEnv:
     def _info(self, **extra) -> dict:
         c = self.config or {}
         return {"task_id": c.get("task_id"), "template_id": c.get("intent_template_id"), "site": (c.get("sites")
-                or [None])[0], "split": self.split, "url": self.url, "steps": self.steps, **extra}
+                or [None])[0], "split": self.task_split, "url": self.url, "steps": self.steps, **extra}
 
     def _live(self) -> BrowserEnv:
         if self.browser is None or self.config is None:
@@ -226,7 +252,7 @@ class WebEnv:
         databases = hashlib.blake2b(digest_size=16)
         for site in SITES:
             databases.update(self.world.sites.store.path(self.episode, site).read_bytes())
-        return json.dumps([self.split, self.config["task_id"], self.done, page, databases.hexdigest()])
+        return json.dumps([self.task_split, self.config["task_id"], self.done, page, databases.hexdigest()])
 
     def picture(self) -> bytes | None:
         """The tab's visible part as a PNG with the pixel view; None with the text view or before a task."""
@@ -240,7 +266,8 @@ class WebEnv:
         assert self.episode is not None
         self.world.check_sites()
         twin = WebEnv(self.world, split=self.split, max_steps=self.max_steps, view=self.view,
-                      max_chars=self.max_chars)
+                      max_chars=self.max_chars, heldout_from=self.heldout_from)
+        twin.task_split = self.task_split
         dst = f"w{uuid.uuid4().hex[:16]}"
         try:
             self.world.sites.fork_episode(self.episode, dst)
