@@ -24,7 +24,8 @@ Images (tool results' and the task's, `images.py`) are message parts for a visio
 trajectory (`Trajectory.images`) and passed to the engine with each request; a text-only policy reads a note instead
 (the image kept for the viewer with `rollout.keep_unseen_images`).
 Left out: rewards (`rlfactory.reward`), tool-call syntax (`rlfactory.tools.format`), text truncation
-(`truncation.py`), batching inside the engine (`engines/hf.py`), a batch's metrics (`metrics.py`).
+(`truncation.py`), a turn's tool messages and call records (`tool_turn.py`), batching inside the engine
+(`engines/hf.py`), a batch's metrics (`metrics.py`).
 """
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id, reset_observation
 from rlfactory.rollout.horizon import horizon_for_step
-from rlfactory.rollout.images import message_content, prompt_with_images, tool_content
+from rlfactory.rollout.images import prompt_with_images, unseen
 from rlfactory.rollout.images import records as image_records
-from rlfactory.rollout.images import unseen
 from rlfactory.rollout.metrics import rollout_metrics
-from rlfactory.rollout.trajectory import Branch, ToolCallRecord, Trajectory, TurnSpan
+from rlfactory.rollout.tool_turn import ToolTurn, tool_turn
+from rlfactory.rollout.trajectory import Branch, Trajectory, TurnSpan
 from rlfactory.rollout.truncation import truncate_tokens
-from rlfactory.tools.format import parse_tool_calls, response_text
+from rlfactory.tools.format import parse_tool_calls
 from rlfactory.tools.types import ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:
@@ -335,32 +336,16 @@ class AgentLoop:
             t0 = time.perf_counter()
             results = parsed.merge(await self._run_calls(env.bind(calls)))
             timings["tools_s"] += time.perf_counter() - t0
-            tool_msgs, shown, shown_by, not_shown = [], [], [], []
-            call_iter = iter(calls)
-            for slot, result in zip(parsed.slots, results):
-                seen = self._truncate(chat.neutralize(response_text(result)), error=result.is_error)
-                seen, images = tool_content(chat, seen, result.images)
-                tool_msgs.append({"role": "tool", "name": result.name, "content": message_content(seen, images)})
-                shown, shown_by = shown + images, shown_by + [result.name] * len(images)
-                if cfg.keep_unseen_images:
-                    not_shown += unseen(result.images, images, turn=turn, tool=result.name)
-                args = next(call_iter).arguments if isinstance(slot, ToolCall) else None
-                traj.tool_calls.append(ToolCallRecord(
-                    turn=turn, name=result.name, arguments=args, result=seen, is_error=result.is_error,
-                    error_kind=result.error_kind, latency_s=result.latency_s, cached=result.cached,
-                    cache_origin=result.cache_origin if result.cached else None, structured=result.structured,
-                    infra=result.infra, retried=result.retried, images=[im.sha256 for im in images]))
-            delta = chat.tool_response_delta(tool_msgs, turn_closed=closed, images=shown)
+            tt = tool_turn(chat, parsed.slots, results, turn=turn, truncate=self._truncate,
+                           keep_unseen=cfg.keep_unseen_images)
+            traj.tool_calls.extend(tt.calls)
+            delta = chat.tool_response_delta(tt.messages, turn_closed=closed, images=tt.shown)
             used = len(traj.prompt_ids) + len(traj.response_ids)
-            seen_images = image_records(delta, used, shown, chat, turn=turn, tools=shown_by)
             if env.ended(results):
                 # The episode is over, whatever room is left: keep its last observation when it fits.
                 if (used + len(delta) <= cfg.max_context_tokens
                         and len(traj.response_ids) + len(delta) <= cfg.max_response_tokens):
-                    out_buf.append("tool", delta, None, chat.decode(delta))
-                    traj.messages.extend(tool_msgs)
-                    traj.images.extend(seen_images)
-                    traj.unseen_images.extend(not_shown)
+                    self._keep(traj, out_buf, tt, delta, turn)
                 traj.finish_reason = "env_done"
                 return False
             # Room must remain for at least one generated token after the tool turn.
@@ -370,12 +355,17 @@ class AgentLoop:
             if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
                 traj.finish_reason = "token_budget"
                 return False
-            out_buf.append("tool", delta, None, chat.decode(delta))
-            traj.messages.extend(tool_msgs)
-            traj.images.extend(seen_images)
-            traj.unseen_images.extend(not_shown)
+            self._keep(traj, out_buf, tt, delta, turn)
         traj.finish_reason = "max_turns"  # the horizon was reached: only when start >= horizon (or horizon < 1)
         return False
+
+    def _keep(self, traj: Trajectory, out_buf: _Builder, tt: ToolTurn, delta: list[int], turn: int) -> None:
+        """Append a tool turn's delta, messages and images to `traj`."""
+        used = len(traj.prompt_ids) + len(traj.response_ids)
+        out_buf.append("tool", delta, None, self.chat.decode(delta))
+        traj.messages.extend(tt.messages)
+        traj.images.extend(image_records(delta, used, tt.shown, self.chat, turn=turn, tools=tt.shown_by))
+        traj.unseen_images.extend(tt.unseen)
 
     # ---- a batch --------------------------------------------------------------------------------------------
     async def run_batch(
