@@ -31,7 +31,8 @@ def sites():
 
 async def test_official_playwright_mcp_through_our_tool_layer(sites, tmp_path):
     cfg = load_mcp_config(REPO / "mcp_configs" / "playwright.json")["playwright"]
-    assert cfg.args[0] == f"@playwright/mcp@{VERSION}" and "--isolated" in cfg.args and "--headless" in cfg.args
+    assert cfg.args[:2] == ("--yes", f"@playwright/mcp@{VERSION}")  # --yes: npx installs it without asking
+    assert "--isolated" in cfg.args and "--headless" in cfg.args
     # The shipped entry, run where the package is installed and offline; its origin rule and output folder added.
     cfg = offline(cfg, "--allowed-origins", sites.url, "--output-dir", str(tmp_path))
     async with ToolManager({"playwright": cfg}) as tm:
