@@ -85,7 +85,9 @@ def to_tool_spec(tool: Any, server: str) -> ToolSpec:
 def to_tool_result(result: Any, name: str, server: str, limits: ImageLimits | None = None) -> ToolResult:
     """An SDK `CallToolResult` as our ToolResult; its `ImageContent` blocks checked into `ToolResult.images`
     (`images.decode_image`). An image that cannot be used makes the call an error result (`bad_image`) whose text
-    says why, after the tool's own text: the model reads it, the cache does not keep it."""
+    says why, before the tool's own text (so a result that is partly fine reads as the error lines, then the tool's
+    words, not as the tool's words marked "Error:"); its usable images are kept. The model reads it, the cache does
+    not keep it."""
     content = result.content
     text = content[0].text if len(content) == 1 and content[0].type == "text" else "\n".join(
         _content_text(b) for b in content if b.type != "image")
@@ -95,7 +97,7 @@ def to_tool_result(result: Any, name: str, server: str, limits: ImageLimits | No
     images, problems = _images(content, name, limits or ImageLimits())
     kind = "tool_error" if is_error else None
     if problems:
-        text = "\n".join([text, *problems]) if text else "\n".join(problems)
+        text = "\n".join([*problems, text]) if text else "\n".join(problems)
         is_error, kind = True, kind or "bad_image"
     return ToolResult(name=name, text=text, is_error=is_error, error_kind=kind, server=server,
                       structured=structured, infra=infra, images=images)

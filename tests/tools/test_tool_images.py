@@ -85,6 +85,17 @@ async def test_a_bad_image_is_an_error_result_that_says_why(tmp_path, tool, args
     assert metrics["tools/errors_bad_image"] == 1 and metrics["tools/images"] == 2
 
 
+async def test_a_partly_bad_result_keeps_its_good_image_and_reads_as_its_error_lines(tmp_path):
+    from rlfactory.tools.format import response_text
+
+    async with ToolManager.from_files([_config(tmp_path)]) as tools:
+        result = await tools.call(ToolCall(name="mixed", arguments={}))
+    assert result.is_error and result.error_kind == "bad_image" and len(result.images) == 1
+    first, rest = result.text.split("\n", 1)
+    assert first.startswith("Error: image 2 of mixed could not be used") and rest == "one good picture, one cut short"
+    assert response_text(result) == result.text  # not the tool's own words marked "Error:"
+
+
 def test_image_limits_default_to_the_server_settings_defaults():
     from rlfactory.recipe.tools import ServerSettings
 
