@@ -203,19 +203,32 @@ def _pixel_logprobs(model: Any, batch: GRPOBatch, *, temperature: float, with_en
     """`response_logprobs` of a batch with images, with its pixels and mRoPE positions, the image placeholder out of
     the distribution as the engine samples (algorithms/pixels.py). With `share_prompts`, when no prompt holds an
     image (pictures that tools returned: all in the responses), a group's prompt runs once as for text; otherwise
-    every row runs whole."""
+    every row runs whole. Above `DENSE_MAX_LOGITS` logits the LM head runs a chunk at a time, as for text."""
     t_len = batch.responses.shape[1]
     vl = batch.pixels.model_inputs(batch.position_ids)
+    split = split_lm_head(model, vision=True)
+    if split is not None and len(batch) * t_len * split[1].out_features <= DENSE_MAX_LOGITS:
+        split = None
+    decoder = split[0] if split is not None else None
     with autocast(model):
-        logits = None
+        states = None
         prompts = batch.input_ids[:, :batch.prompt_len]
         if share_prompts and not bool((prompts == batch.pixels.vision.image_token_id).any()):
-            logits = _shared_prompt_states(model, batch, vl=vl)
-        if logits is None:
-            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                        logits_to_keep=t_len + 1, **vl)
-            logits = out.logits[:, -(t_len + 1):-1, :]  # [N, T, V]
-        logits = batch.pixels.ban_placeholder(logits)
+            states = _shared_prompt_states(model, batch, decoder, vl=vl)
+        if states is None:
+            if decoder is not None:
+                out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **vl)
+                states = out.last_hidden_state[:, -(t_len + 1):-1, :]  # [N, T, H]
+            else:
+                out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                            logits_to_keep=t_len + 1, **vl)
+                states = out.logits[:, -(t_len + 1):-1, :]  # [N, T, V]
+        if split is not None:
+            head = split[1]
+            return chunked_token_logprobs(states, head, batch.responses, temperature=temperature,
+                                          with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                          logit_bias=batch.pixels.placeholder_bias(head.out_features, states.device))
+        logits = batch.pixels.ban_placeholder(states)
     return dense_token_logprobs(logits, batch.responses, temperature=temperature, with_entropy=with_entropy,
                                 entropy_grad=entropy_grad)
 

@@ -71,6 +71,12 @@ class PixelRows:
             out["pixel_values"], out["image_grid_thw"] = pixels.to(position_ids.device), grid.to(position_ids.device)
         return out
 
+    def placeholder_bias(self, vocab: int, device: torch.device | str) -> torch.Tensor:
+        """[V] zeros with `BANNED_LOGIT` at the image placeholder: the ban as a logit bias (the chunked LM head)."""
+        bias = torch.zeros(vocab, device=device)
+        bias[self.vision.image_token_id] = BANNED_LOGIT
+        return bias
+
     def ban_placeholder(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [..., V] with the image placeholder's set to `BANNED_LOGIT` (the engine never samples it)."""
         ban = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)

@@ -36,13 +36,17 @@ vocabulary. The backward pass holds about four `[chunk, V]` float32 buffers at o
 
 PLAIN_HEAD_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 """`config.model_type`s whose causal-LM forward is `lm_head(decoder(...).last_hidden_state)` and nothing more."""
+VL_HEAD_MODEL_TYPES = frozenset({"qwen3_vl", "qwen2_5_vl"})
+"""Vision-language models of the same shape: the decoder takes the pixels and the mRoPE positions too."""
 
 
-def split_lm_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
+def split_lm_head(model: Any, *, vision: bool = False) -> tuple[Any, torch.nn.Linear] | None:
     """(decoder, lm_head) of a causal LM whose logits are `lm_head(decoder(...).last_hidden_state)`, looking through
-    a PEFT wrapper (its adapters live inside the decoder's layers); None for any other model."""
+    a PEFT wrapper (its adapters live inside the decoder's layers); None for any other model. `vision`: of a
+    vision-language model (whose decoder takes pixel inputs) instead."""
     base = model.get_base_model() if hasattr(model, "peft_config") else model
-    if getattr(getattr(base, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+    types = VL_HEAD_MODEL_TYPES if vision else PLAIN_HEAD_MODEL_TYPES
+    if getattr(getattr(base, "config", None), "model_type", None) not in types:
         return None
     head = base.get_output_embeddings()
     decoder = getattr(base, getattr(base, "base_model_prefix", ""), None)
@@ -67,17 +71,21 @@ def dense_token_logprobs(
 
 def chunked_token_logprobs(
     hidden: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor, *, temperature: float, with_entropy: bool,
-    entropy_grad: bool, chunk_logits: int | None = None,
+    entropy_grad: bool, chunk_logits: int | None = None, logit_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs of `labels` [N, T] (and entropies [N, T]) under logits `head(hidden) / temperature`, where `hidden`
     [N, T, H] are the final hidden states at the positions that predict each label. Same values as
-    `dense_token_logprobs(head(hidden), ...)` up to float rounding; see the module docstring for the memory."""
+    `dense_token_logprobs(head(hidden), ...)` up to float rounding; see the module docstring for the memory.
+    `logit_bias` [V] (no gradient) is added to every position's logits: a VL policy's banned image placeholder."""
     n, t_len, h = hidden.shape
     device_type = hidden.device.type
     cdt = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else head.weight.dtype
     chunk = max(1, min(CHUNK_TOKENS, (chunk_logits or CHUNK_LOGITS) // head.out_features))
+    bias = head.bias
+    if logit_bias is not None:
+        bias = logit_bias.detach() if bias is None else bias + logit_bias.detach()
     logp, entropy = _ChunkedLogprobs.apply(
-        hidden.reshape(n * t_len, h), head.weight, head.bias, labels.reshape(n * t_len), float(temperature), cdt,
+        hidden.reshape(n * t_len, h), head.weight, bias, labels.reshape(n * t_len), float(temperature), cdt,
         chunk, with_entropy, entropy_grad)
     return logp.view(n, t_len), entropy.view(n, t_len) if with_entropy else None
 

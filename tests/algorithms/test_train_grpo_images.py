@@ -140,3 +140,34 @@ def test_a_groups_prompt_runs_once_when_the_pictures_are_in_the_responses(vl, mo
     with torch.no_grad():
         response_logprobs(model, prompt_pics, share_prompts=True)
     assert shared_runs == [1]  # a prompt with a picture: every row whole
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["whole_rows", "shared_prompts"])
+def test_the_chunked_lm_head_gives_the_dense_logprobs_and_gradients_for_pictures(vl, monkeypatch, share):
+    """Above DENSE_MAX_LOGITS a VL batch's LM head runs a chunk at a time (the decoder takes the pixels), the image
+    placeholder banned through a logit bias: the same logprobs, entropies and gradients as the dense path."""
+    from rlfactory.algorithms import grpo
+
+    model, tok = vl
+    trajs = [t for t in _generated(model, tok, 1.0) if all(im.turn is not None for im in t.images)]
+    batch = build_batch([t.model_copy(update={"id": f"{t.id}-{k}"}) for t in trajs for k in range(2)],
+                        pad_id=151643, vision=tok.rlfactory_vision)
+    monkeypatch.setattr(grpo, "SHARE_MIN_TOKENS", 0)
+    chunked_calls = []
+    real = grpo.chunked_token_logprobs
+    monkeypatch.setattr(grpo, "chunked_token_logprobs", lambda *a, **k: chunked_calls.append(1) or real(*a, **k))
+    results = {}
+    for path, limit in (("dense", float("inf")), ("chunked", 0)):
+        monkeypatch.setattr(grpo, "DENSE_MAX_LOGITS", limit)
+        trained = copy.deepcopy(model).train()
+        logp, ent = response_logprobs(trained, batch, with_entropy=True, share_prompts=share)
+        (-(logp * batch.response_mask).sum()).backward()
+        results[path] = (logp.detach(), ent, {n: p.grad for n, p in trained.named_parameters() if p.grad is not None})
+    assert chunked_calls == [1]  # the dense run took whole logits, the other the chunked head
+    mask = batch.response_mask.bool()
+    (a, ea, ga), (b, eb, gb) = results["dense"], results["chunked"]
+    assert torch.allclose(a[mask], b[mask], atol=2e-5) and torch.allclose(ea[mask], eb[mask], atol=2e-4)
+    assert torch.allclose(b[mask], batch.old_log_probs[mask], atol=2e-4)
+    assert ga.keys() == gb.keys() and any(n.startswith("model.visual.") for n in gb)
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-3), n
