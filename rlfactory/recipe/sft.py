@@ -67,6 +67,17 @@ class TokenizerBuildConfig(Section):
     system turn) one token with its leading space, added beside the merges. A name is then the same tokens wherever
     it appears (goal line, crafting list, an answer, the policy's own action), so copying it is copying tokens; merges
     that span spaces would spell it differently by context."""
+    bare_words: bool = False
+    """With `environment_words`: capitalised words too, and each name (a capitalised word of 3 letters or more) also
+    without its leading space, for a name after a bracket or a quote. For pages that quote names (`link 'Cobalt Mug'`) and actions that bracket them (`type [10]
+    [Cobalt Mug]`): a name's words after its first are then the same ids wherever it stands."""
+
+    @model_validator(mode="after")
+    def _bare_needs_words(self) -> "TokenizerBuildConfig":
+        if self.bare_words and not self.environment_words:
+            raise ValueError("tokenizer.bare_words changes how environment words are added: set "
+                             "tokenizer.environment_words: true too")
+        return self
 
 
 class DemoSetConfig(Section):

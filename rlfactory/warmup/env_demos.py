@@ -16,7 +16,8 @@ Solvers (rlfactory/envs/solvers.py), chosen per demo set by `policy`:
   (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights;
 - `web`: the task's plan (rlfactory/envs/web/demonstrator.py), each step found by its id in the last observation,
   style `plan`; the task is the one the server says its `reset` opened (the `task_id` of its result, whatever the
-  server's split, templates and held-out id offset), of the content seed in the row's `env.seed` (default 0).
+  server's split, templates and held-out id offset), of the content seed the server's reset reports (else the
+  row's `env.seed`, default 0).
 
 Left out: SciWorld and Deep Search demonstrators (no scripted solver for them yet).
 """
@@ -87,7 +88,9 @@ class _WebSolver:
         from rlfactory.envs.web.demonstrator import PlanDemonstrator
         from rlfactory.envs.web.env import configs_by_id
 
-        # The plan of the task the server opened; the observation must state its intent (same content seed).
+        # The plan of the task the server opened, of the content seed its reset reports (else the row's); the
+        # observation must state its intent.
+        self.seed = int(opened.get("content_seed", self.seed))
         config = configs_by_id(self.seed).get(opened.get("task_id"))  # type: ignore[arg-type]
         self.stuck = config is None or not observation.startswith(f"Task: {config['intent']}\n")
         self.observation = observation

@@ -11,7 +11,12 @@ Choices, and why:
   turn compresses into a few tokens (the prompt stays short, which is what makes CPU training fast).
 - Optionally (`environment_words`), every word the environment shows is one added token with its leading space, so
   that an item's name is the same tokens in the observation and in the policy's action (BabyAI's and TextCraft's
-  policies copy names); the system turn's words are left to the merges, which keep it short.
+  policies copy names); the system turn's words are left to the merges, which keep it short. With `bare_words`
+  the words, capitalised ones too, are added with the space and names (capitalised words) also without it,
+  matching after any other character: the web's names are copied out of quotes and into brackets (`link 'Cobalt
+  Alpine Mug'` -> `type [10] [Cobalt Alpine Mug]`), where only the first word stands after no space. (Bare forms
+  alone, the spaces then tokens of their own, put a space token between every two words of a name: a small model
+  trained on those did not learn to copy names.)
 - It is trained on fully rendered transcripts (chat template applied, tool schemas included), i.e. on exactly the
   text the model will see.
 
@@ -33,6 +38,7 @@ from rlfactory.models.vision import vl_chat_template
 
 logger = logging.getLogger(__name__)
 _WORD = re.compile(r"(?<= )[a-z]+")
+_BARE_WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z]+(?![A-Za-z0-9_])")
 
 # Control tokens: special (skipped by `decode(skip_special_tokens=True)`), as in Qwen3.
 CONTROL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -104,15 +110,18 @@ def _text_of(content: Any) -> str:
     return content or ""
 
 
-def environment_words_of(transcripts: Sequence[dict[str, Any]], system_turn: str, min_count: int = 2) -> list[str]:
-    """Words (runs of lowercase letters after a space) of the user and tool turns, seen `min_count` times, that the
-    rendered `system_turn` does not contain; sorted."""
+def environment_words_of(transcripts: Sequence[dict[str, Any]], system_turn: str, min_count: int = 2,
+                         bare: bool = False) -> list[str]:
+    """Words (runs of lowercase letters after a space; `bare`: whole runs of letters, any case, after any character
+    but a letter, digit or underscore) of the user and tool turns, seen `min_count` times, that the rendered
+    `system_turn` does not contain; sorted."""
+    pattern = _BARE_WORD if bare else _WORD
     counts: Counter[str] = Counter()
     for t in transcripts:
         for m in t["messages"]:
             if m.get("role") in ("user", "tool"):
-                counts.update(_WORD.findall(m.get("content") or ""))
-    in_system = set(re.findall(r"[a-z]+", system_turn))
+                counts.update(pattern.findall(_text_of(m.get("content"))))
+    in_system = set(re.findall(r"[A-Za-z]+" if bare else r"[a-z]+", system_turn))
     return sorted(w for w, n in counts.items() if n >= min_count and w not in in_system)
 
 
@@ -124,12 +133,14 @@ def build_tokenizer(
     enable_thinking: bool = False,
     environment_words: bool = False,
     vision: bool = False,
+    bare_words: bool = False,
 ) -> Any:
     """Train the tokenizer on rendered transcripts and return it as a `PreTrainedTokenizerFast`.
 
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
     times, so the result may be smaller. `environment_words`: the words of `environment_words_of` are added as
-    whole tokens, each with its leading space, beyond `vocab_size`. `vision`: with Qwen-VL's image tokens and the
+    whole tokens, each with its leading space, beyond `vocab_size` (`bare_words`: capitalised words too, and names
+    also without it, for a name after a bracket or a quote). `vision`: with Qwen-VL's image tokens and the
     Qwen3-VL chat template, for a vision-language policy.
     """
     if not transcripts:
@@ -147,9 +158,13 @@ def build_tokenizer(
     base.train_from_iterator(texts, trainer=trainer)
     if environment_words:
         system_turn = texts[0].split("<|im_start|>user", 1)[0]
-        words = environment_words_of(transcripts, system_turn, min_frequency)
+        words = environment_words_of(transcripts, system_turn, min_frequency, bare=bare_words)
         # Matched in the raw text before the merges, longest first: " redstone" is one token, not " red" + "stone".
-        base.add_tokens([AddedToken(" " + w, special=False, normalized=False) for w in words])
+        # Bare words come beside the spaced ones: " Alpine" after a space, "Cobalt" after a bracket or a quote, so a
+        # copied name's words after its first are the same ids as the source's (what induction copying needs).
+        # Bare forms for names only (capitalised, 3 letters or more): a bare "as" or "e" would split "Task" and "the".
+        forms = [" " + w for w in words] + ([w for w in words if w[0].isupper() and len(w) >= 3] if bare_words else [])
+        base.add_tokens([AddedToken(f, special=False, normalized=False) for f in forms])
         logger.info("tokenizer: %d environment words as whole tokens", len(words))
     hf = _wrap(base, model_max_length, vision)
     lengths = [len(hf(t, add_special_tokens=False)["input_ids"]) for t in texts[:256]]

@@ -102,6 +102,63 @@ def test_the_demonstrator_solves_a_training_and_a_held_out_row_through_the_learn
     for d in demos:
         assert d["actions"] == 3 and "score=1 done=true" in d["messages"][-1]["content"]
         assert all(len(m["content"]) < 2300 for m in d["messages"] if m["role"] == "tool")  # the budget holds
+    _bare_words_spell_the_product_the_same_everywhere(demos)
+
+
+def _bare_words_spell_the_product_the_same_everywhere(demos):
+    """`sft.tokenizer.bare_words`: each word of the product's name is one added token; its first word is the same id
+    in the results link (after a quote) and in the policy's `type` action (after a bracket), and its later words the
+    same ids there and in the intent (after a space), so typing the name is copying ids; text round-trips."""
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
+
+    tok = build_tokenizer(demos, vocab_size=600, model_max_length=3072, environment_words=True, bare_words=True)
+    assert check_tokenizer(tok) == []
+    d = demos[0]
+    typed = json.loads(d["messages"][2]["content"].split("<tool_call>")[1].split("</tool_call>")[0])
+    name = typed["arguments"]["action"].split("] [")[1]  # type [10] [<name>] [1]
+    first, *rest = name.split()
+    added = tok.get_added_vocab()
+    later = [added[" " + w] for w in rest]
+    bracketed = [added[first]] + later
+    intent, action, results = d["messages"][1]["content"], d["messages"][2]["content"], d["messages"][3]["content"]
+    for text, ids in ((intent, [added[" " + first]] + later), (action, bracketed), (results, bracketed)):
+        full = tok.encode(text, add_special_tokens=False)
+        assert any(full[i:i + len(ids)] == ids for i in range(len(full))), (name, text[:200])
+        assert tok.decode(full) == text
+    assert not any(k.isalpha() and k.islower() for k in added)  # a bare "as" would split "Task"
+
+
+def test_demo_sets_of_other_content_seeds_play_the_task_their_server_opened():
+    """The warm start's extra demo sets (mcp_configs/web_learn_demos/seed_K.json: the learning server's settings at
+    content seed K): the server's reset reports its content seed, and the demonstrator plays that seed's task from a
+    row that names none."""
+    from rlfactory.recipe.tools import ToolsConfig
+    from rlfactory.tools.manager import ToolManager
+    from rlfactory.warmup.env_demos import generate_env_demos
+    from rlfactory.warmup.run import load_sft_recipe
+
+    _, sft = load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml")
+    seeded = [d for d in sft.demos if d.mcp_configs]
+    assert len(seeded) == 7 and all(d.tasks_file and d.tasks_file.endswith("web_learn_train.jsonl") for d in seeded)
+    for d in seeded:  # the learning server's settings but the content seed
+        args = json.loads(Path(d.mcp_configs[0]).read_text())["mcpServers"]["web"]["args"]
+        k = args.index("--seed")
+        assert args[:k] + args[k + 2:] == [a for a in _server_args() if a not in ("--heldout-from", "10000")]
+    config = Path(seeded[2].mcp_configs[0])
+    args = json.loads(config.read_text())["mcpServers"]["web"]["args"]
+    seed = int(args[args.index("--seed") + 1])
+    row = json.loads((TASKS / "web_learn_train.jsonl").read_text().splitlines()[5])
+
+    async def go():
+        async with ToolManager.from_recipe(ToolsConfig(mcp_configs=[str(config)], servers=["web"])) as manager:
+            return await generate_env_demos([row], manager, policy="web", styles={"plan": 1.0}, max_turns=4)
+
+    demos, stats = asyncio.run(go())
+    assert stats == {"plan": 1}, stats
+    task = split_tasks(seed, templates=SHOP)["train"][5]
+    assert seed == 3 and task != split_tasks(0, templates=SHOP)["train"][5]
+    assert demos[0]["messages"][1]["content"].startswith(f"Task: {task['intent']}\n")
+    assert "score=1 done=true" in demos[0]["messages"][-1]["content"]
 
 
 def test_web_learning_recipes_validate():
@@ -118,6 +175,11 @@ def test_web_learning_recipes_validate():
     assert all(d.policy == "web" for d in sft.demos) and sft.init == "scratch"
     assert recipe.tools.mcp_configs == check.recipe.tools.mcp_configs
     assert sft.check.split == "val" and sft.check.temperature == 0.0  # the warm start's held-out greedy success
+    assert sft.tokenizer.environment_words and sft.tokenizer.bare_words
+    from rlfactory.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tokenizer.bare_words .* set tokenizer.environment_words: true"):
+        load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml", ["sft.tokenizer.environment_words=false"])
 
 
 @pytest.mark.slow

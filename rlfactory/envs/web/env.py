@@ -205,7 +205,7 @@ class WebEnv:
         first = self.browser.open(self.url, self._policy_urls(episode), confine_paths=True)
         self.page = first.observation
         return StepResult(observation=f"Task: {config['intent']}\n\n{first.observation}",
-                          info=self._info())
+                          info=self._info(content_seed=self.world.seed))
 
     def _info(self, **extra) -> dict:
         c = self.config or {}
