@@ -138,6 +138,10 @@ class SFTPhase(Section):
     """Peak learning rate."""
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up from 0 to `lr` over the first steps of the phase."""
+    max_turns: int | None = Field(None, ge=1)
+    """Train on each transcript cut after its first `max_turns` policy turns (empty: whole). Shorter rows make cheaper
+    steps that put all of a step on the first turns: e.g. a first phase of `max_turns: 1` on what the first action
+    copies from the task (a name), then whole transcripts. Not for transcripts with images."""
 
     @property
     def sources(self) -> list[str]:
@@ -208,4 +212,7 @@ class SFTConfig(Section):
                 if src not in names and not src.endswith(".jsonl"):
                     raise ValueError(f"sft.phases.{i}.data: {src!r} is neither a demo-set name "
                                      f"({', '.join(sorted(names)) or 'none defined'}) nor a .jsonl file")
+            if p.max_turns is not None and self.scratch_model.vision is not None:
+                raise ValueError(f"sft.phases.{i}.max_turns: a vision-language warm-up's transcripts hold images, "
+                                 "which a cut would split from their placeholders; remove max_turns")
         return self

@@ -173,8 +173,31 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
 
 
 def phase_examples(phases: list[SFTPhase], encoded: dict[str, list[Any]]) -> list[tuple[SFTPhase, list[Any]]]:
-    """Each phase with its examples: those of every demo set or file it names, in one pool."""
-    return [(p, [e for name in p.sources for e in encoded[name]]) for p in phases]
+    """Each phase with its examples: those of every demo set or file it names, in one pool, each cut after its first
+    `max_turns` policy turns when the phase says so."""
+    out = []
+    for i, p in enumerate(phases):
+        examples = [e for name in p.sources for e in encoded[name]]
+        if p.max_turns is not None:
+            if any(len(e) > 2 and e[2] for e in examples):
+                raise ValueError(f"sft.phases.{i}.max_turns: its transcripts hold images, which a cut would split "
+                                 "from their placeholders; remove max_turns from this phase")
+            examples = [first_turns(e, p.max_turns) for e in examples]
+        out.append((p, examples))
+    return out
+
+
+def first_turns(example: Any, turns: int) -> Any:
+    """An encoded transcript (ids, mask, ...) cut right after its `turns`-th policy turn (a run of mask 1s, the turn's
+    end token included); whole when it has no more turns than that."""
+    ids, mask = example[0], example[1]
+    seen = 0
+    for i in range(1, len(mask)):
+        if mask[i - 1] and not mask[i]:
+            seen += 1
+            if seen == turns:
+                return (ids[:i], mask[:i], *example[2:])
+    return example
 
 
 def _check_init(recipe: Recipe, sft: SFTConfig) -> None:

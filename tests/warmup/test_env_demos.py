@@ -333,3 +333,33 @@ def test_learning_recipes_validate(env):
     _, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml")
     assert Path(sft.output_dir).resolve() == Path(check.recipe.model.path).resolve()
     assert all(d.policy == env for d in sft.demos)
+
+
+def test_a_phase_with_max_turns_trains_on_each_transcript_cut_after_its_first_turns(babyai_demos):
+    """`sft.phases[].max_turns`: each example is the encoding of its transcript's messages up to and including its
+    N-th assistant turn, token for token (mask included); a transcript with fewer turns stays whole; refused for a
+    vision-language warm-up."""
+    from rlfactory.errors import ConfigError
+    from rlfactory.recipe.sft import SFTPhase
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.warmup.run import load_sft_recipe, phase_examples
+    from rlfactory.warmup.sft import encode_transcript
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer
+
+    demos, _, _ = babyai_demos
+    tokenizer = build_tokenizer(demos, vocab_size=1024, model_max_length=4096)
+    chat = ChatFormat(tokenizer, demos[0]["tools"], system_prompt="Play.")
+    encoded = {"d": [encode_transcript(chat, d["messages"]) for d in demos]}
+    phases = [SFTPhase(data="d", steps=1, lr=1e-3), SFTPhase(data="d", steps=1, lr=1e-3, max_turns=2)]
+    (_, whole), (_, cut) = phase_examples(phases, encoded)
+    assert whole == encoded["d"]
+    for demo, full, short in zip(demos, whole, cut):
+        assistant = [i for i, m in enumerate(demo["messages"]) if m["role"] == "assistant"]
+        if len(assistant) <= 2:
+            assert short == full
+            continue
+        ids, mask = encode_transcript(chat, demo["messages"][:assistant[1] + 1])
+        assert short == (ids, mask) and sum(short[1]) < sum(full[1]) and full[0][:len(ids)] == ids
+    assert any(len(s[0]) < len(f[0]) for f, s in zip(whole, cut))
+    with pytest.raises(ConfigError, match=r"sft.phases.0.max_turns: a vision-language warm-up"):
+        load_sft_recipe(REPO / "recipes" / "quickstart_vision_sft.yaml", ["sft.phases.0.max_turns=1"])
