@@ -69,8 +69,9 @@ class TokenizerBuildConfig(Section):
     that span spaces would spell it differently by context."""
     bare_words: bool = False
     """With `environment_words`: capitalised words too, and each name (a capitalised word of 3 letters or more) also
-    without its leading space, for a name after a bracket or a quote. For pages that quote names (`link 'Cobalt Mug'`) and actions that bracket them (`type [10]
-    [Cobalt Mug]`): a name's words after its first are then the same ids wherever it stands."""
+    without its leading space, for a name after a bracket or a quote. For pages that quote names (`link 'Cobalt
+    Mug'`) and actions that bracket them (`type [10] [Cobalt Mug]`): a name's words after its first are then the
+    same ids wherever it stands."""
 
     @model_validator(mode="after")
     def _bare_needs_words(self) -> "TokenizerBuildConfig":
