@@ -14,12 +14,12 @@ episodes close, and when the server process ends (stdin EOF, SIGTERM) every epis
 environment behind it (an AgentGym server, which never expires instances) keeps none of them. A process killed
 with SIGKILL closes nothing.
 
-Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}` (a
-`content_seed` from a reset of a seeded world, and
-`state`, a hash equal for equal environment states, from an env with `state_key()`); a tool
-result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py` scores `score`. An `EnvError`
-from the environment (e.g. its HTTP server is down or answered an error) is an error result with the message: a
-failed `reset` before the first turn makes the trajectory an error, never an observation the policy reads.
+Every result carries structured content `{observation, reward, score, done, episode_id, task_id, steps}` (and
+`content_seed` from a reset of a seeded world, `state`, a hash equal for equal environment states, from an env with
+`state_key()`); a tool result with `done: true` ends the trajectory (the AgentLoop's rule) and `rewards/env.py`
+scores `score`. An `EnvError` from the environment (e.g. its HTTP server is down or answered an error) is an error
+result with the message: a failed `reset` before the first turn makes the trajectory an error, never an observation
+the policy reads.
 A server built with `health=` publishes the `rlfactory://health` resource that `rlfactory setup-mcp` checks.
 Environment tools are never cacheable (no readOnly / idempotent hints), and their configs say `"cache": false`.
 """
