@@ -20,7 +20,6 @@ DATA = {
     "rlfactory.envs.tools.data": ["*.json", "*.jsonl"],
     "rlfactory.envs.tools.data.tasks": ["*.jsonl"],
     "rlfactory.starter.data.quickstart": STARTER_FILES,
-    "rlfactory.starter.mcp_configs.web_learn_demos": STARTER_FILES,
 }
 
 setup(

@@ -309,8 +309,8 @@ def _check_data(r: Recipe, errors: list[str], warnings: list[str]) -> None:
 def _check_tools(r: Recipe, errors: list[str]) -> None:
     _check_cache(r, errors)
     if not r.tools.mcp_configs:
-        if r.tools.servers or r.tools.server_settings:
-            errors.append("tools.servers / tools.server_settings name servers, but tools.mcp_configs is empty")
+        if r.tools.servers or r.tools.server_settings or r.tools.server_args:
+            errors.append("tools.servers / server_settings / server_args name servers, but tools.mcp_configs is empty")
         return
     missing = [p for p in r.tools.mcp_configs if not Path(p).is_file()]
     errors.extend(f"tools.mcp_configs: file not found: {p}{_moved_config_hint(p)}" for p in missing)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlfactory.recipe.section import Section
+from rlfactory.recipe.tools import ToolsConfig, as_argument_lists
 
 
 class ScratchVisionConfig(Section):
@@ -110,9 +111,30 @@ class DemoSetConfig(Section):
     """Environment demonstrators: `mcpServers` files (relative to the recipe) to play this set through instead of
     `tools.mcp_configs`, with the same server names, so the transcripts show the same tools (e.g.
     ../mcp_configs/textcraft_shuffled.json: TextCraft with every episode's items renamed); empty = the recipe's."""
+    server_args: dict[str, list[str]] | None = None
+    """Environment demonstrators: arguments added to this set's servers' command lines, by server name, after the
+    recipe's `tools.server_args` (e.g. `{web: [--seed, 3]}`: the same web server at another content seed, so other
+    products and prices behind the same tools); empty = none."""
     max_turns: int | None = Field(None, ge=2)
     """Environment demonstrators: turns an episode may take (as the rollout horizon counts them); empty = the
     recipe's largest horizon. Longer episodes are dropped."""
+
+    @field_validator("server_args", mode="before")
+    @classmethod
+    def _numbers_are_arguments(cls, v: object) -> object:
+        return as_argument_lists(v)
+
+    def tools_for(self, tools: ToolsConfig) -> ToolsConfig:
+        """The recipe's `tools:` as this set plays through them: its own `mcp_configs` and `server_args`, if any."""
+        update: dict[str, object] = {}
+        if self.mcp_configs:
+            update["mcp_configs"] = list(self.mcp_configs)
+        if self.server_args:
+            merged = {k: list(v) for k, v in tools.server_args.items()}
+            for name, extra in self.server_args.items():
+                merged[name] = merged.get(name, []) + list(extra)
+            update["server_args"] = merged
+        return tools.model_copy(update=update) if update else tools
 
     @model_validator(mode="after")
     def _env_policy_needs_tasks(self) -> "DemoSetConfig":

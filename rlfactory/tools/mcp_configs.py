@@ -312,7 +312,7 @@ def load_mcp_configs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Serve
 
 def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
     """The servers a recipe's `tools:` section asks for: the files' servers, only those named in `tools.servers`
-    (when given), with `tools.server_settings` applied. One ConfigError lists every problem."""
+    (when given), with `tools.server_settings` and `tools.server_args` applied. One ConfigError lists every problem."""
     servers = load_mcp_configs(tools.mcp_configs)
     problems: list[str] = []
     known = ", ".join(sorted(servers)) or "none"
@@ -335,6 +335,15 @@ def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
         cfg = chosen[name]
         settings = cfg.settings.model_copy(update=patch.model_dump(exclude_none=True))
         chosen[name] = dataclasses.replace(cfg, settings=settings)
+    for name, extra in tools.server_args.items():
+        if name not in chosen:
+            used = ", ".join(chosen) or "none"
+            problems.append(f"tools.server_args.{name}: no such server among those used ({used})")
+        elif chosen[name].transport != "stdio":
+            problems.append(f"tools.server_args.{name}: {name} is reached at a url ({chosen[name].url}); only a "
+                            "command's arguments can be added: remove it")
+        else:
+            chosen[name] = dataclasses.replace(chosen[name], args=(*chosen[name].args, *extra))
     if problems:
         head = problems[0] if len(problems) == 1 else f"{len(problems)} problems in tools"
         raise ConfigError(head, problems=problems)

@@ -87,10 +87,11 @@ def load_sft_recipe(path: str | Path, overrides: list[str] | None = None, *, req
     for d in sft.demos:
         if d.tasks_file:
             d.tasks_file = resolve(d.tasks_file)
-        if d.mcp_configs:
-            if d.policy == "calculator":
-                raise ConfigError(f"sft.demos ({d.name}).mcp_configs: only environment demonstrators play through "
+        for key in ("mcp_configs", "server_args"):
+            if getattr(d, key) and d.policy == "calculator":
+                raise ConfigError(f"sft.demos ({d.name}).{key}: only environment demonstrators play through "
                                   "their own servers; remove it", file=str(path))
+        if d.mcp_configs:
             d.mcp_configs = [resolve(c) for c in d.mcp_configs]
     names = {d.name for d in sft.demos}
     for phase in sft.phases:
@@ -112,8 +113,8 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
         shared = await stack.enter_async_context(ToolManager.from_recipe(recipe.tools))
         for d in sft.demos:
             manager = shared
-            if d.mcp_configs:  # the same server names on other settings: the transcripts show the same tools
-                tools = recipe.tools.model_copy(update={"mcp_configs": list(d.mcp_configs)})
+            tools = d.tools_for(recipe.tools)
+            if tools is not recipe.tools:  # other settings, same server names: the same tools shown
                 manager = await stack.enter_async_context(ToolManager.from_recipe(tools))
             t0 = time.perf_counter()
             tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(

@@ -129,34 +129,30 @@ def _bare_words_spell_the_product_the_same_everywhere(demos):
 
 
 def test_demo_sets_of_other_content_seeds_play_the_task_their_server_opened():
-    """The warm start's extra demo sets (mcp_configs/web_learn_demos/seed_K.json: the learning server's settings at
-    content seed K): the server's reset reports its content seed, and the demonstrator plays that seed's task from a
-    row that names none."""
-    from rlfactory.recipe.tools import ToolsConfig
+    """The warm start's extra demo sets (`server_args: {web: [--seed, K]}`: the learning server at content seed K):
+    the server's reset reports its content seed, and the demonstrator plays that seed's task from a row that names
+    none."""
     from rlfactory.tools.manager import ToolManager
+    from rlfactory.tools.mcp_configs import load_recipe_servers
     from rlfactory.warmup.env_demos import generate_env_demos
     from rlfactory.warmup.run import load_sft_recipe
 
-    _, sft = load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml")
-    seeded = [d for d in sft.demos if d.mcp_configs]
-    assert len(seeded) == 7 and all(d.tasks_file and d.tasks_file.endswith("web_learn_train.jsonl") for d in seeded)
-    for d in seeded:  # the learning server's settings but the content seed
-        args = json.loads(Path(d.mcp_configs[0]).read_text())["mcpServers"]["web"]["args"]
-        k = args.index("--seed")
-        assert args[:k] + args[k + 2:] == [a for a in _server_args() if a not in ("--heldout-from", "10000")]
-    config = Path(seeded[2].mcp_configs[0])
-    args = json.loads(config.read_text())["mcpServers"]["web"]["args"]
-    seed = int(args[args.index("--seed") + 1])
+    recipe, sft = load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml")
+    seeded = [d for d in sft.demos if d.server_args]
+    assert [d.server_args for d in seeded] == [{"web": ["--seed", str(k)]} for k in range(1, 8)]
+    assert all(d.tasks_file and d.tasks_file.endswith("web_learn_train.jsonl") for d in seeded)
+    tools = seeded[2].tools_for(recipe.tools)
+    assert load_recipe_servers(tools)["web"].args == (*_server_args(), "--seed", "3")  # the seed added last
     row = json.loads((TASKS / "web_learn_train.jsonl").read_text().splitlines()[5])
 
     async def go():
-        async with ToolManager.from_recipe(ToolsConfig(mcp_configs=[str(config)], servers=["web"])) as manager:
+        async with ToolManager.from_recipe(tools) as manager:
             return await generate_env_demos([row], manager, policy="web", styles={"plan": 1.0}, max_turns=4)
 
     demos, stats = asyncio.run(go())
     assert stats == {"plan": 1}, stats
-    task = split_tasks(seed, templates=SHOP)["train"][5]
-    assert seed == 3 and task != split_tasks(0, templates=SHOP)["train"][5]
+    task = split_tasks(3, templates=SHOP)["train"][5]
+    assert task != split_tasks(0, templates=SHOP)["train"][5]
     assert demos[0]["messages"][1]["content"].startswith(f"Task: {task['intent']}\n")
     assert "score=1 done=true" in demos[0]["messages"][-1]["content"]
 

@@ -191,6 +191,21 @@ def test_unknown_servers_in_a_recipe_are_named_with_a_suggestion(repo_root):
     assert e.value.problems[1].startswith("tools.server_settings.serch: no such server")
 
 
+def test_a_recipe_adds_arguments_to_a_command_server_and_refuses_them_for_a_url_server(repo_root, tmp_path):
+    shared = str(repo_root / "mcp_configs" / "default.json")
+    file_args = load_recipe_servers(ToolsConfig(mcp_configs=[shared]))["python"].args
+    tools = ToolsConfig(mcp_configs=[shared], server_args={"python": ["--limit", 3]})  # YAML's numbers become text
+    servers = load_recipe_servers(tools)
+    assert servers["python"].args == (*file_args, "--limit", "3")
+    assert servers["calculator"].args == load_recipe_servers(ToolsConfig(mcp_configs=[shared]))["calculator"].args
+    remote = write(tmp_path / "r.json", {"far": {"url": "http://127.0.0.1:9/mcp"}})
+    with pytest.raises(ConfigError) as e:
+        load_recipe_servers(ToolsConfig(mcp_configs=[shared, str(remote)], servers=["python", "far"],
+                                        server_args={"far": ["-v"], "pyton": ["-v"]}))
+    assert e.value.problems[0].startswith("tools.server_args.far: far is reached at a url (http://127.0.0.1:9/mcp)")
+    assert e.value.problems[1].startswith("tools.server_args.pyton: no such server among those used (python, far)")
+
+
 def test_a_module_server_that_python_cannot_find_is_reported(tmp_path):
     cfg = write(tmp_path / "m.json", {"ghost": {"command": "python", "args": ["-m", "rlfactory.envs.tools.nope"]},
                                       "fine": {"command": "python", "args": ["-m", "rlfactory.envs.tools.calculator"]}})

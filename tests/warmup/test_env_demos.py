@@ -117,8 +117,9 @@ def test_a_demo_set_plays_through_its_own_servers_with_the_same_tools(tmp_path):
         assert "Task complete" in b["messages"][-1]["content"]
     from rlfactory.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="only environment demonstrators"):
-        load_sft_recipe(REPO / "recipes" / "quickstart_sft.yaml", ["sft.demos.0.mcp_configs=[x.json]"])
+    for key in ("mcp_configs=[x.json]", "server_args={calculator: [-v]}"):
+        with pytest.raises(ConfigError, match="only environment demonstrators"):
+            load_sft_recipe(REPO / "recipes" / "quickstart_sft.yaml", [f"sft.demos.0.{key}"])
 
 
 def test_demo_encoding_equals_what_the_agent_loop_builds_for_the_same_episode(babyai_demos):
