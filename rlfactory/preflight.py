@@ -25,7 +25,12 @@ from rlfactory.models.vision import VL_MODEL_TYPES
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import describe_error
 from rlfactory.recipe.schema import Recipe, cross_field_problems, vl_engine_problems
-from rlfactory.recipe.training import BUILTIN_TOKENIZERS, TINY_RANDOM_MODELS, TINY_RANDOM_POSITIONS, TINY_RANDOM_VL_MODEL
+from rlfactory.recipe.training import (
+    BUILTIN_TOKENIZERS,
+    TINY_RANDOM_MODELS,
+    TINY_RANDOM_POSITIONS,
+    TINY_RANDOM_VL_MODEL,
+)
 from rlfactory.report.trackers import missing_packages
 from rlfactory.reward import load_reward_functions
 from rlfactory.tools.mcp_configs import load_recipe_servers
