@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from replay_engine import ReplayEngine
 
 from rlfactory.recipe.tools import ToolsConfig
 
@@ -128,23 +129,12 @@ def test_demo_encoding_equals_what_the_agent_loop_builds_for_the_same_episode(ba
     from rlfactory.recipe.rollout import RolloutConfig
     from rlfactory.rollout.agent_loop import AgentLoop
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.engines.protocol import GenerationOutput
     from rlfactory.tools.manager import ToolManager
     from rlfactory.warmup.sft import encode_transcript
     from rlfactory.warmup.tokenizer_builder import build_tokenizer
 
     demos, _, _ = babyai_demos
     tokenizer = build_tokenizer(demos, vocab_size=1024, model_max_length=4096)
-
-    class Replay:
-        def __init__(self, turns):
-            self.turns = list(turns)
-
-        async def generate(self, prompt_ids, sampling, request_id=None):
-            return GenerationOutput(token_ids=self.turns.pop(0), logprobs=None, finish_reason="stop")
-
-        async def close(self):
-            pass
 
     async def go():
         tools = ToolsConfig(mcp_configs=[CONFIG], servers=["babyai"])
@@ -158,7 +148,7 @@ def test_demo_encoding_equals_what_the_agent_loop_builds_for_the_same_episode(ba
                 turns = [chat.encode(m["content"]) + [chat.im_end_id] for m in demo["messages"]
                          if m["role"] == "assistant"]
                 task = {"id": demo["id"], "prompt": demo["messages"][1]["content"], "env": demo["env"]}
-                traj = await AgentLoop(Replay(turns), manager, chat, cfg).run_one(task)
+                traj = await AgentLoop(ReplayEngine(turns), manager, chat, cfg).run_one(task)
                 assert traj.finish_reason == "env_done", traj.error
                 full, full_mask = traj.prompt_ids + traj.response_ids, [0] * len(traj.prompt_ids) + traj.loss_mask
                 # The SFT encoding stops after the last action (the final observation has nothing to learn); the

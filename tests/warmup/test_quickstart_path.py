@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from replay_engine import ReplayEngine
 
 from rlfactory.recipe.tools import ToolsConfig
 
@@ -96,24 +97,8 @@ def test_sft_encoding_equals_what_the_agent_loop_builds(tokenizer, demos):
     from rlfactory.recipe.rollout import RolloutConfig
     from rlfactory.rollout.agent_loop import AgentLoop
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.engines.protocol import GenerationOutput
     from rlfactory.tools.manager import ToolManager
     from rlfactory.warmup.sft import encode_transcript
-
-    class ScriptedPolicy:
-        """A GenerationEngine that emits a demonstration's assistant turns as token ids, one turn per call."""
-
-        def __init__(self, turns: list[list[int]]):
-            self.turns = list(turns)
-
-        async def generate(self, prompt_ids, sampling, request_id=None):
-            return GenerationOutput(token_ids=self.turns.pop(0), logprobs=None, finish_reason="stop")
-
-        async def update_weights(self, state_dict):
-            pass
-
-        async def close(self):
-            pass
 
     async def go():
         async with ToolManager.from_recipe(CALCULATOR) as manager:
@@ -123,7 +108,7 @@ def test_sft_encoding_equals_what_the_agent_loop_builds(tokenizer, demos):
                 ids, mask = encode_transcript(chat, demo["messages"])
                 turns = [chat.encode(m["content"]) + [chat.im_end_id] for m in demo["messages"]
                          if m["role"] == "assistant"]
-                loop = AgentLoop(ScriptedPolicy(turns), manager, chat, cfg)
+                loop = AgentLoop(ReplayEngine(turns), manager, chat, cfg)
                 task = {"id": demo["id"], "prompt": demo["messages"][1]["content"], "answer": demo["answer"]}
                 traj = await loop.run_one(task)
                 assert traj.finish_reason == "stop", traj.error

@@ -10,6 +10,7 @@ import base64
 from pathlib import Path
 
 import pytest
+from replay_engine import ReplayEngine
 
 from rlfactory.recipe.tools import ToolsConfig
 
@@ -73,22 +74,8 @@ def test_sft_encoding_of_pictures_equals_what_the_agent_loop_builds(tokenizer, d
     from rlfactory.recipe.rollout import RolloutConfig
     from rlfactory.rollout.agent_loop import AgentLoop
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.rollout.engines.protocol import GenerationOutput
     from rlfactory.tools.manager import ToolManager
     from rlfactory.warmup.sft import encode_example, encode_transcript
-
-    class ScriptedPolicy:
-        def __init__(self, turns: list[list[int]]):
-            self.turns = list(turns)
-
-        async def generate(self, prompt_ids, sampling, request_id=None, **images):
-            return GenerationOutput(token_ids=self.turns.pop(0), logprobs=None, finish_reason="stop")
-
-        async def update_weights(self, state_dict):
-            pass
-
-        async def close(self):
-            pass
 
     async def go():
         async with ToolManager.from_recipe(PICTURES) as manager:
@@ -100,7 +87,7 @@ def test_sft_encoding_of_pictures_equals_what_the_agent_loop_builds(tokenizer, d
                     encode_transcript(chat, demo["messages"])
                 turns = [chat.encode(m["content"]) + [chat.im_end_id] for m in demo["messages"]
                          if m["role"] == "assistant"]
-                loop = AgentLoop(ScriptedPolicy(turns), manager, chat, RolloutConfig(samples_per_prompt=1))
+                loop = AgentLoop(ReplayEngine(turns), manager, chat, RolloutConfig(samples_per_prompt=1))
                 traj = await loop.run_one({"id": demo["id"], "prompt": demo["messages"][1]["content"],
                                            "answer": demo["answer"]})
                 assert traj.finish_reason == "stop", traj.error
