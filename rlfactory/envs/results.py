@@ -24,9 +24,6 @@ def tool_result(result: StepResult, ep: Episode[Any] | None, key: str, state: st
     when the environment has a pixel view (`env_picture`)."""
     extra = {} if state is None else {"state": state}
     structured = result.to_structured(episode_id=key.split(":", 1)[1], steps=ep.steps if ep else 0, **extra)
-    structured["task_id"] = result.info.get("task_id")
-    if "content_seed" in result.info:  # a world generated from a seed says which (its tasks' plans depend on it)
-        structured["content_seed"] = result.info["content_seed"]
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=result.render())]
     if picture is not None:
         content.append(png_content(picture))

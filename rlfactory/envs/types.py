@@ -80,8 +80,17 @@ class StepResult(BaseModel):
         return f"[reward={self.reward:g} score={self.score:g} done={str(self.done).lower()}]"
 
     def to_structured(self, **extra: Any) -> dict[str, Any]:
+        """The structured content of the step's tool result: the step, `extra` (the server's: episode id, steps,
+        state), the task id (None when the env gives none) and the `SHARED_INFO` fields the env gave."""
         return {"observation": self.observation, "reward": self.reward, "score": self.score, "done": self.done,
-                **extra}
+                **extra, "task_id": self.info.get("task_id"),
+                **{k: self.info[k] for k in SHARED_INFO if k in self.info}}
+
+
+SHARED_INFO = ("content_seed",)
+"""`StepResult.info` fields that reach the rollout side in a result's structured content (the rest of `info` stays in
+the server): `content_seed`, the seed a generated world was built from, which a demonstrator needs to play its tasks'
+plans (rlfactory/warmup/env_demos.py)."""
 
 
 class Env(Protocol):
@@ -91,8 +100,8 @@ class Env(Protocol):
     before a task), which the MCP server reports, hashed, as `state` with every reset and step (anchor-state turn
     credit groups turns by it: docs/algorithms.md), and `fork() -> Env`: a copy of the episode that goes on from the
     same state without touching this one (served as the loop-only `fork` tool; docs/environments.md, "Forking"), and
-`picture() -> bytes | None`: what the agent sees as a PNG, which the server shows after each result's text (a pixel
-view: BabyAI with `--view pixels`; rlfactory/envs/results.py)."""
+    `picture() -> bytes | None`: what the agent sees as a PNG, which the server shows after each result's text (a pixel
+    view: BabyAI with `--view pixels`; rlfactory/envs/results.py)."""
 
     def reset(self, task_id: int) -> StepResult: ...
 
