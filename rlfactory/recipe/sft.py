@@ -73,12 +73,20 @@ class TokenizerBuildConfig(Section):
     without its leading space, for a name after a bracket or a quote. For pages that quote names (`link 'Cobalt
     Mug'`) and actions that bracket them (`type [10] [Cobalt Mug]`): a name's words after its first are then the
     same ids wherever it stands."""
+    name_space: Literal["leading", "trailing"] = "leading"
+    """With `bare_words`, where a name word keeps its space: `leading` (' Alpine'; the name's first word bare after a
+    bracket or a quote, so a copied name's first word is other ids than its source's) or `trailing` ('Cobalt ',
+    'Alpine ', and each bare for a name's last word): a whole name is then the same ids after a space, a bracket or
+    a quote, so copying it is copying every one of its tokens."""
 
     @model_validator(mode="after")
     def _bare_needs_words(self) -> "TokenizerBuildConfig":
         if self.bare_words and not self.environment_words:
             raise ValueError("tokenizer.bare_words changes how environment words are added: set "
                              "tokenizer.environment_words: true too")
+        if self.name_space != "leading" and not self.bare_words:
+            raise ValueError("tokenizer.name_space places the space of bare_words' names: set "
+                             "tokenizer.bare_words: true too")
         return self
 
 

@@ -229,7 +229,7 @@ async def run_sft(recipe: Recipe, sft: SFTConfig, progress: ProgressFn | None = 
                                     model_max_length=sft.scratch_model.max_position_embeddings,
                                     enable_thinking=recipe.rollout.enable_thinking,
                                     environment_words=sft.tokenizer.environment_words,
-                                    bare_words=sft.tokenizer.bare_words,
+                                    bare_words=sft.tokenizer.bare_words, name_space=sft.tokenizer.name_space,
                                     vision=sft.scratch_model.vision is not None)
         problems = check_tokenizer(tokenizer)
         if problems:

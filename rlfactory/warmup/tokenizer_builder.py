@@ -14,7 +14,9 @@ Choices, and why:
   policies copy names); the system turn's words are left to the merges, which keep it short. With `bare_words`
   the words, capitalised ones too, are added with the space and names (capitalised words) also without it,
   matching after any other character: the web's names are copied out of quotes and into brackets (`link 'Cobalt
-  Alpine Mug'` -> `type [10] [Cobalt Alpine Mug]`), where only the first word stands after no space. (Bare forms
+  Alpine Mug'` -> `type [10] [Cobalt Alpine Mug]`), where only the first word stands after no space; with
+  `name_space="trailing"` a name's words carry the space after them instead ("Cobalt ", "Alpine ", bare "Mug"),
+  so the first word too is the same id in the intent and in the brackets. (Bare forms
   alone, the spaces then tokens of their own, put a space token between every two words of a name: a small model
   trained on those did not learn to copy names.)
 - It is trained on fully rendered transcripts (chat template applied, tool schemas included), i.e. on exactly the
@@ -134,13 +136,15 @@ def build_tokenizer(
     environment_words: bool = False,
     vision: bool = False,
     bare_words: bool = False,
+    name_space: str = "leading",
 ) -> Any:
     """Train the tokenizer on rendered transcripts and return it as a `PreTrainedTokenizerFast`.
 
     `vocab_size` counts bytes, merges and special tokens; merges stop early when no pair occurs `min_frequency`
     times, so the result may be smaller. `environment_words`: the words of `environment_words_of` are added as
     whole tokens, each with its leading space, beyond `vocab_size` (`bare_words`: capitalised words too, and names
-    also without it, for a name after a bracket or a quote). `vision`: with Qwen-VL's image tokens and the
+    also without it, for a name after a bracket or a quote; `name_space="trailing"`: names with the space after them
+    instead, and bare, so a name is the same ids wherever it stands). `vision`: with Qwen-VL's image tokens and the
     Qwen3-VL chat template, for a vision-language policy.
     """
     if not transcripts:
@@ -163,7 +167,14 @@ def build_tokenizer(
         # Bare words come beside the spaced ones: " Alpine" after a space, "Cobalt" after a bracket or a quote, so a
         # copied name's words after its first are the same ids as the source's (what induction copying needs).
         # Bare forms for names only (capitalised, 3 letters or more): a bare "as" or "e" would split "Task" and "the".
-        forms = [" " + w for w in words] + ([w for w in words if w[0].isupper() and len(w) >= 3] if bare_words else [])
+        # `trailing`: "Cobalt " and "Alpine " (and bare "Mug" before a quote or a bracket), and no capitalised word
+        # with a leading space (" C" would take the space and the C of " Cobalt": the leftmost match wins), so the
+        # whole name, its first word too, is the same ids after a space, a quote or a bracket.
+        names = [w for w in words if w[0].isupper() and len(w) >= 3] if bare_words else []
+        if name_space == "trailing":
+            forms = [" " + w for w in words if not w[0].isupper()] + [w + " " for w in names] + names
+        else:
+            forms = [" " + w for w in words] + names
         base.add_tokens([AddedToken(f, special=False, normalized=False) for f in forms])
         logger.info("tokenizer: %d environment words as whole tokens", len(words))
     hf = _wrap(base, model_max_length, vision)

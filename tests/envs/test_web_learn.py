@@ -106,9 +106,10 @@ def test_the_demonstrator_solves_a_training_and_a_held_out_row_through_the_learn
 
 
 def _bare_words_spell_the_product_the_same_everywhere(demos):
-    """`sft.tokenizer.bare_words`: each word of the product's name is one added token; its first word is the same id
-    in the results link (after a quote) and in the policy's `type` action (after a bracket), and its later words the
-    same ids there and in the intent (after a space), so typing the name is copying ids; text round-trips."""
+    """`sft.tokenizer.bare_words` (name_space leading): each word of the product's name is one added token; its
+    first word is the same id in the results link (after a quote) and in the policy's `type` action (after a
+    bracket), and its later words the same ids there and in the intent (after a space), so typing the name is
+    copying ids; text round-trips."""
     from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
 
     tok = build_tokenizer(demos, vocab_size=600, model_max_length=3072, environment_words=True, bare_words=True)
@@ -126,6 +127,17 @@ def _bare_words_spell_the_product_the_same_everywhere(demos):
         assert any(full[i:i + len(ids)] == ids for i in range(len(full))), (name, text[:200])
         assert tok.decode(full) == text
     assert not any(k.isalpha() and k.islower() for k in added)  # a bare "as" would split "Task"
+    # name_space trailing: every word carries the space after it ("Cobalt ", bare before `?`, `]` or `'`), so the
+    # whole name, its first word too, is the same ids in the intent, the action and the results link
+    tok = build_tokenizer(demos, vocab_size=600, model_max_length=3072, environment_words=True, bare_words=True,
+                          name_space="trailing")
+    added = tok.get_added_vocab()
+    ids = [added[w + " "] for w in name.split()[:-1]] + [added[name.split()[-1]]]
+    assert not any(k.startswith(" ") and k[1:2].isupper() for k in added)  # " C" would take the space of " Cobalt"
+    for text in (intent, action, results):
+        full = tok.encode(text, add_special_tokens=False)
+        assert any(full[i:i + len(ids)] == ids for i in range(len(full))), (name, text[:200])
+        assert tok.decode(full) == text
 
 
 def test_demo_sets_of_other_content_seeds_play_the_task_their_server_opened():
@@ -176,6 +188,9 @@ def test_web_learning_recipes_validate():
 
     with pytest.raises(ConfigError, match="tokenizer.bare_words .* set tokenizer.environment_words: true"):
         load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml", ["sft.tokenizer.environment_words=false"])
+    with pytest.raises(ConfigError, match="tokenizer.name_space .* set tokenizer.bare_words: true"):
+        load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml", ["sft.tokenizer.bare_words=false",
+                                                                   "sft.tokenizer.name_space=trailing"])
 
 
 @pytest.mark.slow
