@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlfactory.recipe.section import Section
-from rlfactory.recipe.tools import ToolsConfig, as_argument_lists
+from rlfactory.recipe.tools import ServerArgs, ToolsConfig
 
 
 class ScratchVisionConfig(Section):
@@ -119,18 +119,13 @@ class DemoSetConfig(Section):
     """Environment demonstrators: `mcpServers` files (relative to the recipe) to play this set through instead of
     `tools.mcp_configs`, with the same server names, so the transcripts show the same tools (e.g.
     ../mcp_configs/textcraft_shuffled.json: TextCraft with every episode's items renamed); empty = the recipe's."""
-    server_args: dict[str, list[str]] | None = None
+    server_args: ServerArgs | None = None
     """Environment demonstrators: arguments added to this set's servers' command lines, by server name, after the
     recipe's `tools.server_args` (e.g. `{web: [--seed, 3]}`: the same web server at another content seed, so other
     products and prices behind the same tools); empty = none."""
     max_turns: int | None = Field(None, ge=2)
     """Environment demonstrators: turns an episode may take (as the rollout horizon counts them); empty = the
     recipe's largest horizon. Longer episodes are dropped."""
-
-    @field_validator("server_args", mode="before")
-    @classmethod
-    def _numbers_are_arguments(cls, v: object) -> object:
-        return as_argument_lists(v)
 
     def tools_for(self, tools: ToolsConfig) -> ToolsConfig:
         """The recipe's `tools:` as this set plays through them: its own `mcp_configs` and `server_args`, if any."""

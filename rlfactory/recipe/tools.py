@@ -5,9 +5,9 @@ Parsing of the `mcpServers` files themselves lives in rlfactory/tools/mcp_config
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field
 
 from rlfactory.recipe.section import Section
 
@@ -85,6 +85,18 @@ class CacheConfig(Section):
     """Key prefix, so several projects can share one Redis."""
 
 
+def _as_argument_lists(v: object) -> object:
+    """`{server: [--seed, 3]}` as YAML reads it, with its numbers as the strings a command line holds."""
+    if not isinstance(v, dict):
+        return v
+    return {k: [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in args]
+            if isinstance(args, list) else args for k, args in v.items()}
+
+
+ServerArgs = Annotated[dict[str, list[str]], BeforeValidator(_as_argument_lists)]
+"""Arguments per server name, as `tools.server_args` and `sft.demos[].server_args` take them (numbers as text)."""
+
+
 class ToolsConfig(Section):
     mcp_configs: list[str] = Field(default_factory=list)
     """`mcpServers` JSON files (paths relative to the recipe)."""
@@ -93,21 +105,9 @@ class ToolsConfig(Section):
     recipes, e.g. `mcp_configs: [../mcp_configs/default.json]` with `servers: [calculator]`."""
     server_settings: dict[str, ServerSettingsPatch] = Field(default_factory=dict)
     """Per-server changes to the files' `rlfactory` settings, by server name, e.g. `{python: {max_concurrency: 16}}`."""
-    server_args: dict[str, list[str]] = Field(default_factory=dict)
+    server_args: ServerArgs = Field(default_factory=dict)
     """Arguments added after a command server's own `args` from its file, by server name, e.g. `{web: [--seed, 3]}`
     (a flag given twice: argparse-style command lines keep the last). Not for `url` servers."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
     """Cache for idempotent tool results (and LLM-judge verdicts)."""
 
-    @field_validator("server_args", mode="before")
-    @classmethod
-    def _numbers_are_arguments(cls, v: object) -> object:
-        return as_argument_lists(v)
-
-
-def as_argument_lists(v: object) -> object:
-    """`{server: [--seed, 3]}` as YAML reads it, with its numbers as the strings a command line holds."""
-    if not isinstance(v, dict):
-        return v
-    return {k: [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in args]
-            if isinstance(args, list) else args for k, args in v.items()}

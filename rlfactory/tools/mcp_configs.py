@@ -327,9 +327,9 @@ def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 problems.append(f"tools.servers: no server {name!r} in tools.mcp_configs ({hint}servers there: "
                                 f"{known})")
+    used = ", ".join(chosen) or "none"
     for name, patch in tools.server_settings.items():
         if name not in chosen:
-            used = ", ".join(chosen) or "none"
             problems.append(f"tools.server_settings.{name}: no such server among those used ({used})")
             continue
         cfg = chosen[name]
@@ -337,7 +337,6 @@ def load_recipe_servers(tools: ToolsConfig) -> dict[str, ServerConfig]:
         chosen[name] = dataclasses.replace(cfg, settings=settings)
     for name, extra in tools.server_args.items():
         if name not in chosen:
-            used = ", ".join(chosen) or "none"
             problems.append(f"tools.server_args.{name}: no such server among those used ({used})")
         elif chosen[name].transport != "stdio":
             problems.append(f"tools.server_args.{name}: {name} is reached at a url ({chosen[name].url}); only a "
