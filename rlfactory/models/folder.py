@@ -1,6 +1,6 @@
 """Is a folder a Hugging Face model folder? Checked without loading anything (no torch), so that the recipe
-preflight (`rlfactory/preflight.py`) and `rlfactory sft` with `init: model` (`rlfactory/warmup/run.py`) name the same
-problems before any work starts."""
+preflight (`rlfactory/preflight/model_checks.py`) and `rlfactory sft` with `init: model` (`rlfactory/warmup/run.py`)
+name the same problems before any work starts."""
 from __future__ import annotations
 
 import json

@@ -6,7 +6,7 @@ paths against the recipe file's folder; `trainer.output_dir` is resolved against
 usually live).
 
 What is not here: checks that need the world outside the recipe (model folders, data rows, mcpServers files, reward
-functions); `rlfactory/preflight.py` runs those, so that building a Recipe stays cheap.
+functions); `rlfactory/preflight/` runs those, so that building a Recipe stays cheap.
 """
 from __future__ import annotations
 

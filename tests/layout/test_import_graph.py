@@ -132,7 +132,7 @@ def test_no_import_points_back_up_the_data_path():
 def test_the_graph_is_read():
     # the checks above mean something only if edges were found
     assert sum(len(d) for d in GRAPH.values()) > 100
-    assert "rlfactory.recipe.schema" in GRAPH["rlfactory.preflight"]
+    assert "rlfactory.recipe.schema" in GRAPH["rlfactory.preflight.recipe_check"]
 
 
 def test_every_source_folder_is_a_regular_package():
