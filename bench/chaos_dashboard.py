@@ -16,15 +16,12 @@ no script error. `dashboard_poison_lines_survived` is true when all of that held
 """
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -228,21 +225,9 @@ def pm_step(line: pm.Line) -> int | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a smaller campaign (a 5 MB line, fewer rows)")
-    args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rlf-chaos-dashboard-"))
-    try:
-        result = campaign(tmp, seed=args.seed, quick=args.quick)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    from campaign_cli import run_campaign  # bench/ is on the path when this file runs as a script
+
+    run_campaign(__doc__, campaign, name="dashboard", quick_help="a smaller campaign (a 5 MB line, fewer rows)")
 
 
 if __name__ == "__main__":

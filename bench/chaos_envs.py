@@ -183,7 +183,8 @@ def _play(session: Session, chaos: Chaos, rng: random.Random, items: list[str], 
           end_p: float, progress: list[int], width: int = 4) -> None:
     """One worker: `episodes` episodes on its session, up to `width` open at a time and played in turns, some paused
     for a while (a long policy turn, counted in episodes opened by all workers), so that restarts land in the middle
-    of episodes and the new server hands their ids to other sessions' episodes before they act again. Each episode makes `steps` gets, checking its inventory after each."""
+    of episodes and the new server hands their ids to other sessions' episodes before they act again. Each episode
+    makes `steps` gets, checking its inventory after each."""
     active: list[_Episode] = session.active
     opened = 0
     while opened < episodes or active:

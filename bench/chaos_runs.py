@@ -16,15 +16,12 @@ is counted in `unexpected_failures`.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -177,21 +174,9 @@ def campaign(tmp: Path, *, seed: int = 0, quick: bool = False) -> dict[str, Any]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="one round instead of two")
-    args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rlf-chaos-runs-"))
-    try:
-        result = campaign(tmp, seed=args.seed, quick=args.quick)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    from campaign_cli import run_campaign  # bench/ is on the path when this file runs as a script
+
+    run_campaign(__doc__, campaign, name="runs", quick_help="one round instead of two")
 
 
 if __name__ == "__main__":

@@ -22,15 +22,11 @@ process exits must return long before its 30 s timeout: `max_exit_call_s`).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import random
 import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -156,21 +152,9 @@ def campaign(tmp: Path, *, seed: int = 0, quick: bool = False) -> dict[str, Any]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="6 snippets of each kind instead of 24")
-    args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rlf-chaos-sandbox-"))
-    try:
-        result = campaign(tmp, seed=args.seed, quick=args.quick)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    from campaign_cli import run_campaign  # bench/ is on the path when this file runs as a script
+
+    run_campaign(__doc__, campaign, name="sandbox", quick_help="6 snippets of each kind instead of 24")
 
 
 if __name__ == "__main__":
