@@ -9,7 +9,6 @@ models come warm from their authors), and packing several transcripts into one s
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -30,7 +29,7 @@ from rlfactory.models.vision import attach_vision, tiny_vision_processor, vision
 from rlfactory.recipe.files import apply_overrides, load_yaml_mapping
 from rlfactory.recipe.messages import format_validation_errors
 from rlfactory.recipe.schema import Recipe, _abs
-from rlfactory.recipe.sft import SFTConfig, SFTPhase
+from rlfactory.recipe.sft import DemoSetConfig, SFTConfig, SFTPhase
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.horizon import max_horizon
 from rlfactory.tools.manager import ToolManager
@@ -109,39 +108,45 @@ async def make_demo_sets(recipe: Recipe, sft: SFTConfig, out_dir: Path, progress
     if not recipe.tools.mcp_configs:
         raise ConfigError("sft.demos need tools: set tools.mcp_configs to the servers the demonstrations call",
                           file=recipe.source)
-    async with contextlib.AsyncExitStack() as stack:
-        shared = await stack.enter_async_context(ToolManager.from_recipe(recipe.tools))
+    async with ToolManager.from_recipe(recipe.tools) as shared:
         for d in sft.demos:
-            manager = shared
             tools = d.tools_for(recipe.tools)
-            if tools is not recipe.tools:  # other settings, same server names: the same tools shown
-                manager = await stack.enter_async_context(ToolManager.from_recipe(tools))
-            t0 = time.perf_counter()
-            tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
-                d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
-            if d.policy == "calculator":
-                demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
-                                                    policy=functools.partial(calculator_policy, tool_name=d.tool),
-                                                    system_prompt=recipe.rollout.system_prompt)
-            else:
-                if len(tasks) < d.n:  # an environment's task file is finite: go round it again
-                    tasks = [tasks[i % len(tasks)] for i in range(d.n)]
-                max_turns = d.max_turns or max_horizon(recipe.rollout.horizon)
-                try:
-                    demos, stats = await generate_env_demos(
-                        tasks, manager, policy=d.policy, styles=d.styles or {ENV_POLICIES[d.policy][0]: 1.0},
-                        max_turns=max_turns, seed=d.seed, system_prompt=recipe.rollout.system_prompt)
-                except ValueError as e:
-                    raise ConfigError(f"sft.demos ({d.name}): {e}", file=recipe.source) from e
-                if not demos:
-                    raise ConfigError(f"sft.demos ({d.name}): the {d.policy} demonstrator solved none of its "
-                                      f"{len(tasks)} tasks within {max_turns} turns ({stats}); raise max_turns or "
-                                      f"change the tasks", file=recipe.source)
-            write_jsonl(demos, out_dir / f"{d.name}.jsonl")
-            sets[d.name] = demos
-            if progress:
-                progress("demos", {"name": d.name, **stats, "seconds": time.perf_counter() - t0})
+            if tools is recipe.tools:
+                sets[d.name] = await _make_demo_set(recipe, d, shared, out_dir, progress)
+            else:  # other settings, same server names: the same tools shown; its servers stop when it is made
+                async with ToolManager.from_recipe(tools) as own:
+                    sets[d.name] = await _make_demo_set(recipe, d, own, out_dir, progress)
     return sets
+
+
+async def _make_demo_set(recipe: Recipe, d: DemoSetConfig, manager: ToolManager, out_dir: Path,
+                         progress: ProgressFn | None) -> list[dict[str, Any]]:
+    """One demo set through `manager`'s tools, written to `out_dir/NAME.jsonl`."""
+    t0 = time.perf_counter()
+    tasks = read_rows(d.tasks_file)[: d.n] if d.tasks_file else make_arithmetic_tasks(
+        d.n, seed=d.seed, digits=d.digits, id_prefix=f"demo-{d.name}")
+    if d.policy == "calculator":
+        demos, stats = await generate_demos(tasks, manager, direct_fraction=d.direct_fraction, seed=d.seed,
+                                            policy=functools.partial(calculator_policy, tool_name=d.tool),
+                                            system_prompt=recipe.rollout.system_prompt)
+    else:
+        if len(tasks) < d.n:  # an environment's task file is finite: go round it again
+            tasks = [tasks[i % len(tasks)] for i in range(d.n)]
+        max_turns = d.max_turns or max_horizon(recipe.rollout.horizon)
+        try:
+            demos, stats = await generate_env_demos(
+                tasks, manager, policy=d.policy, styles=d.styles or {ENV_POLICIES[d.policy][0]: 1.0},
+                max_turns=max_turns, seed=d.seed, system_prompt=recipe.rollout.system_prompt)
+        except ValueError as e:
+            raise ConfigError(f"sft.demos ({d.name}): {e}", file=recipe.source) from e
+        if not demos:
+            raise ConfigError(f"sft.demos ({d.name}): the {d.policy} demonstrator solved none of its "
+                              f"{len(tasks)} tasks within {max_turns} turns ({stats}); raise max_turns or "
+                              f"change the tasks", file=recipe.source)
+    write_jsonl(demos, out_dir / f"{d.name}.jsonl")
+    if progress:
+        progress("demos", {"name": d.name, **stats, "seconds": time.perf_counter() - t0})
+    return demos
 
 
 def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:

@@ -97,19 +97,33 @@ def test_textcraft_demos_follow_the_plan_through_the_real_server(style):
             assert actions(d)[0].startswith("get 1 ") and "Its crafting command: craft " in d["messages"][4]["content"]
 
 
+def _textcraft_servers() -> int:
+    """TextCraft MCP servers running under this process."""
+    import psutil
+
+    return sum(1 for c in psutil.Process().children(recursive=True)
+               if "rlfactory.envs.tools.textcraft" in " ".join(c.cmdline()))
+
+
 def test_a_demo_set_plays_through_its_own_servers_with_the_same_tools(tmp_path):
     """`sft.demos.N.mcp_configs`: the set's episodes run on TextCraft with shuffled names (the same server name, so
-    the transcripts render the same tools); the other set runs on the recipe's servers, with the real names."""
+    the transcripts render the same tools); the other set runs on the recipe's servers, with the real names. A set's
+    own servers stop once it is made: while the third set (`server_args`) is made, the second's are gone."""
     from rlfactory.warmup.run import load_sft_recipe, make_demo_sets
 
+    tasks = "tasks_file: pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl"
     recipe, sft = load_sft_recipe(REPO / "recipes" / "textcraft_learn_sft.yaml", [
-        "sft.demos=[{name: real, policy: textcraft, n: 4, max_turns: 12, tasks_file: "
-        "pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl}, {name: shuffled, policy: textcraft, "
-        "n: 4, max_turns: 12, tasks_file: pkg://rlfactory.envs.tools/data/tasks/textcraft_agentgym_train.jsonl, "
-        "mcp_configs: [../mcp_configs/textcraft_shuffled.json]}]",
+        f"sft.demos=[{{name: real, policy: textcraft, n: 4, max_turns: 12, {tasks}}}, {{name: shuffled, "
+        f"policy: textcraft, n: 4, max_turns: 12, {tasks}, mcp_configs: [../mcp_configs/textcraft_shuffled.json]}}, "
+        f"{{name: args, policy: textcraft, n: 2, max_turns: 12, {tasks}, server_args: {{textcraft: [--max-episodes, "
+        f"40]}}}}]",
         "sft.phases=[{data: real, steps: 1, lr: 1.0e-3}]"])
     assert sft.demos[1].mcp_configs == [str(REPO / "mcp_configs" / "textcraft_shuffled.json")]
-    sets = asyncio.run(make_demo_sets(recipe, sft, tmp_path))
+    live: dict[str, int] = {}
+    sets = asyncio.run(make_demo_sets(recipe, sft, tmp_path,
+                                      lambda event, figures: live.update({figures["name"]: _textcraft_servers()})))
+    assert live == {"real": 1, "shuffled": 2, "args": 2}, live  # the recipe's server, and the set's own
+    assert len(sets["args"]) == 2 and _textcraft_servers() == 0
     real, shuffled = sets["real"], sets["shuffled"]
     assert len(real) == len(shuffled) == 4 and (tmp_path / "shuffled.jsonl").is_file()
     assert [d["tools"] for d in shuffled] == [d["tools"] for d in real]
