@@ -193,6 +193,27 @@ def test_web_learning_recipes_validate():
                                                                    "sft.tokenizer.name_space=trailing"])
 
 
+def test_the_shipped_copier_is_stage_1_of_the_web_warm_up_and_its_names_are_the_same_ids_everywhere():
+    """models/web-copier, as `rlfactory sft recipes/web_learn_sft.yaml` made it (bf16, a few MB, checked usable when
+    it was made): a product's name is the same token ids in the intent, in the typed action and in the results link,
+    which is what lets it copy the name."""
+    from transformers import AutoTokenizer
+
+    copier = REPO / "models" / "web-copier"
+    summary = json.loads((copier / "sft_summary.json").read_text())
+    assert (copier / "model.safetensors").stat().st_size < 16 * 2**20
+    assert json.loads((copier / "config.json").read_text())["dtype"] == "bfloat16"
+    assert summary["made_by"] == "rlfactory sft recipes/web_learn_sft.yaml" and summary["steps"] == 4300
+    assert summary["check"]["usable"] and summary["check"]["errors"] == 0
+    tok = AutoTokenizer.from_pretrained(str(copier))
+    name = "Cobalt Alpine Recycled Blanket"
+    ids = tok.encode(name, add_special_tokens=False)
+    assert len(ids) == 4
+    for text in (f"What is the price of the {name}?", f"type [10] [{name}] [1]", f"link '{name}'"):
+        got = tok.encode(text, add_special_tokens=False)
+        assert any(got[i:i + 4] == ids for i in range(len(got))), (text, got, ids)
+
+
 @pytest.mark.slow
 @WARM
 def test_the_shipped_warm_start_is_small_and_solves_some_held_out_tasks():
