@@ -179,10 +179,17 @@ def test_web_learning_recipes_validate():
     assert check.recipe.rollout.horizon.type == "scaling_inter"
     assert check.recipe.data.max_val_tasks == 31
     recipe, sft = load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml")
-    assert Path(sft.output_dir).resolve() == Path(check.recipe.model.path).resolve()
-    assert all(d.policy == "web" for d in sft.demos) and sft.init == "scratch"
-    assert recipe.tools.mcp_configs == check.recipe.tools.mcp_configs
-    assert sft.check.split == "val" and sft.check.temperature == 0.0  # the warm start's held-out greedy success
+    reader, reader_sft = load_sft_recipe(REPO / "recipes" / "web_learn_reader_sft.yaml")
+    # the chain: stage 1 from scratch -> models/web-copier -> stage 2 -> models/web-browser -> GRPO
+    assert Path(sft.output_dir).resolve() == Path(reader.model.path).resolve() == REPO / "models" / "web-copier"
+    assert Path(reader_sft.output_dir).resolve() == Path(check.recipe.model.path).resolve()
+    assert sft.init == "scratch" and reader_sft.init == "model"
+    assert all(d.policy == "web" for d in sft.demos + reader_sft.demos)
+    seeds = [{(d.server_args or {}).get("web", ["--seed", "0"])[-1] for d in s.demos} for s in (sft, reader_sft)]
+    assert seeds == [{str(k) for k in range(8)}, {str(k) for k in range(8, 16)}]  # stage 2 reads other pages
+    assert recipe.tools.mcp_configs == reader.tools.mcp_configs == check.recipe.tools.mcp_configs
+    for s in (sft, reader_sft):
+        assert s.check.split == "val" and s.check.temperature == 0.0  # the warm start's held-out greedy success
     assert sft.tokenizer.environment_words and sft.tokenizer.bare_words
     from rlfactory.errors import ConfigError
 
