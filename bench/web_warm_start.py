@@ -1,0 +1,143 @@
+"""What a web warm start has learned, turn by turn, on pages it never trained on (teacher-forced).
+
+    python bench/web_warm_start.py --model models/web-copier [--model DIR ...] --content-seed 16 --json PATH
+
+The scripted demonstrator plays the web learning recipe's training tasks (recipes/web_learn_sft.yaml's six shop
+templates) through the real web server at `--content-seed` (other products, prices and reviews than the seeds a
+warm start trained on: 0-7 for stage 1, 8-15 for stage 2), ~2.5 min through the browser. Each demonstration is then
+fed to the model whole, and a turn counts as right when the model's most likely next token is the demonstration's at
+every one of the turn's tokens (what greedy decoding would write, given the right history). Reported:
+`turn_right_<action>` for `type` (the product's name typed into the search box), `click` (its result) and `stop`
+(the answer the product page shows), `name_word_right` (each word of the typed name, first to last), and
+`name_right` (the whole name). The held-out success of `rlfactory sft`'s check says whether a start works; these say
+which step it fails at.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "web_learn_sft.yaml"
+TASKS = "pkg://rlfactory.envs.tools/data/tasks/web_learn_train.jsonl"
+_ACTION = re.compile(r'"action": "(\w+)')
+_TYPED = re.compile(r"type \[\d+\] \[(.+?)\]")
+
+
+def demonstrations(content_seed: int, out: Path) -> list[dict[str, Any]]:
+    """The demonstrator's transcripts of the recipe's training tasks at `content_seed`, through the real server."""
+    from rlfactory.warmup.run import load_sft_recipe, make_demo_sets
+
+    name = f"seed{content_seed}"
+    recipe, sft = load_sft_recipe(RECIPE, [
+        f"sft.demos=[{{name: {name}, policy: web, tasks_file: {TASKS}, n: 149, styles: {{plan: 1.0}}, max_turns: 4, "
+        f"seed: 51, server_args: {{web: [--seed, {content_seed}]}}}}]",
+        f"sft.phases=[{{data: {name}, steps: 1, lr: 1.0e-3}}]"])
+    return asyncio.run(make_demo_sets(recipe, sft, out))[name]
+
+
+def _spans(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of policy tokens (mask 1)."""
+    spans, i = [], 0
+    while i < len(mask):
+        if mask[i]:
+            j = i
+            while j < len(mask) and mask[j]:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.warmup.sft import encode_example
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    chat = ChatFormat(tok, demos[0]["tools"], enable_thinking=False, system_prompt=system_prompt)
+    turns: dict[str, list[int]] = {}
+    words: list[list[int]] = []
+    names: list[int] = []
+    for demo in demos:
+        ids, mask = encode_example(chat, demo["messages"])[:2]
+        with torch.no_grad():
+            pred = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        right = [i > 0 and pred[i - 1] == ids[i] for i in range(len(ids))]
+        actions = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+        for (a, b), action in zip(_spans(mask), actions):
+            kind = m.group(1) if (m := _ACTION.search(action)) else "other"
+            turns.setdefault(kind, []).append(int(all(right[a:b])))
+            if kind == "type" and (typed := _TYPED.search(action)):
+                per_word = _word_right(tok, ids[a:b], right[a:b], typed.group(1))
+                if per_word is not None:
+                    words.append(per_word)
+                    names.append(int(all(per_word)))
+    longest = max((len(w) for w in words), default=0)
+    return {
+        "transcripts": len(demos),
+        **{f"turn_right_{k}": round(sum(v) / len(v), 3) for k, v in sorted(turns.items())},
+        "name_word_right": [round(sum(w[i] for w in words if len(w) > i) / sum(len(w) > i for w in words), 3)
+                            for i in range(longest)],
+        "name_right": round(sum(names) / len(names), 3) if names else None,
+    }
+
+
+def _word_right(tok: Any, ids: list[int], right: list[bool], name: str) -> list[int] | None:
+    """Per word of `name` inside the turn `ids`: 1 when every token overlapping the word is right."""
+    ends, text = [], ""
+    for k in range(len(ids)):
+        text = tok.decode(ids[: k + 1])
+        ends.append(len(text))
+    start = text.find(f"[{name}]")
+    if start < 0:
+        return None
+    out, pos = [], start + 1
+    for word in name.split(" "):
+        a, b = pos, pos + len(word)
+        covering = [k for k in range(len(ids)) if (ends[k - 1] if k else 0) < b and ends[k] > a]
+        out.append(int(all(right[k] for k in covering)))
+        pos = b + 1
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, action="append",
+                   help="a warm start's folder (repeatable: each scored on the same demonstrations; default "
+                        "models/web-copier)")
+    p.add_argument("--content-seed", type=int, default=16, help="the site content the demonstrations play on")
+    p.add_argument("--transcripts", type=int, default=149, help="how many of the demonstrations to score")
+    p.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    args = p.parse_args()
+    models = args.model or [REPO / "models" / "web-copier"]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlf-web-warm-") as tmp:
+        demos = demonstrations(args.content_seed, Path(tmp))[: args.transcripts]
+    demo_s = time.perf_counter() - t0
+    from rlfactory.warmup.run import load_sft_recipe
+
+    prompt = load_sft_recipe(RECIPE)[0].rollout.system_prompt or ""
+    result = {"content_seed": args.content_seed, "demonstrations_s": round(demo_s, 1),
+              "models": {str(m): score(m, demos, prompt) for m in models}, "wall_s": 0.0}
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    text = json.dumps(result, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
