@@ -9,8 +9,9 @@ fed to the model whole, and a turn counts as right when the model's most likely 
 every one of the turn's tokens (what greedy decoding would write, given the right history). Reported:
 `turn_right_<action>` for `type` (the product's name typed into the search box), `click` (its result) and `stop`
 (the answer the product page shows), `name_word_right` (each word of the typed name, first to last), and
-`name_right` (the whole name). The held-out success of `rlfactory sft`'s check says whether a start works; these say
-which step it fails at.
+`name_right` (the whole name). Figures move by ~0.01 between runs: the pages' URLs carry the run's port and
+episode ids, so the demonstrations' tokens differ. The held-out success of `rlfactory sft`'s check says whether a
+start works; these say which step it fails at.
 """
 from __future__ import annotations
 
@@ -25,21 +26,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "web_learn_sft.yaml"
-TASKS = "pkg://rlfactory.envs.tools/data/tasks/web_learn_train.jsonl"
 _ACTION = re.compile(r'"action": "(\w+)')
 _TYPED = re.compile(r"type \[\d+\] \[(.+?)\]")
 
 
-def demonstrations(content_seed: int, out: Path) -> list[dict[str, Any]]:
-    """The demonstrator's transcripts of the recipe's training tasks at `content_seed`, through the real server."""
-    from rlfactory.warmup.run import load_sft_recipe, make_demo_sets
+def demonstrations(recipe: Any, sft: Any, content_seed: int, out: Path) -> list[dict[str, Any]]:
+    """The demonstrator's transcripts of the recipe's first demo set (its training tasks), played at `content_seed`
+    through the real server."""
+    from rlfactory.warmup.run import make_demo_sets
 
-    name = f"seed{content_seed}"
-    recipe, sft = load_sft_recipe(RECIPE, [
-        f"sft.demos=[{{name: {name}, policy: web, tasks_file: {TASKS}, n: 149, styles: {{plan: 1.0}}, max_turns: 4, "
-        f"seed: 51, server_args: {{web: [--seed, {content_seed}]}}}}]",
-        f"sft.phases=[{{data: {name}, steps: 1, lr: 1.0e-3}}]"])
-    return asyncio.run(make_demo_sets(recipe, sft, out))[name]
+    demo = sft.demos[0].model_copy(update={"name": f"seed{content_seed}",
+                                           "server_args": {"web": ["--seed", str(content_seed)]}})
+    return asyncio.run(make_demo_sets(recipe, sft.model_copy(update={"demos": [demo]}), out))[demo.name]
 
 
 def _spans(mask: list[int]) -> list[tuple[int, int]]:
@@ -122,16 +120,16 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write the figures to this JSON file")
     args = p.parse_args()
     models = args.model or [REPO / "models" / "web-copier"]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rlf-web-warm-") as tmp:
-        demos = demonstrations(args.content_seed, Path(tmp))[: args.transcripts]
-    demo_s = time.perf_counter() - t0
     from rlfactory.warmup.run import load_sft_recipe
 
-    prompt = load_sft_recipe(RECIPE)[0].rollout.system_prompt or ""
-    result = {"content_seed": args.content_seed, "demonstrations_s": round(demo_s, 1),
-              "models": {str(m): score(m, demos, prompt) for m in models}, "wall_s": 0.0}
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    recipe, sft = load_sft_recipe(RECIPE)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlf-web-warm-") as tmp:
+        demos = demonstrations(recipe, sft, args.content_seed, Path(tmp))[: args.transcripts]
+    demo_s = time.perf_counter() - t0
+    scores = {str(m): score(m, demos, recipe.rollout.system_prompt or "") for m in models}
+    result = {"content_seed": args.content_seed, "demonstrations_s": round(demo_s, 1), "models": scores,
+              "wall_s": round(time.perf_counter() - t0, 1)}
     text = json.dumps(result, indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
