@@ -8,10 +8,11 @@ warm start trained on: 0-7 for stage 1, 8-15 for stage 2), ~2.5 min through the 
 fed to the model whole, and a turn counts as right when the model's most likely next token is the demonstration's at
 every one of the turn's tokens (what greedy decoding would write, given the right history). Reported:
 `turn_right_<action>` for `type` (the product's name typed into the search box), `click` (its result) and `stop`
-(the answer the product page shows), `name_word_right` (each word of the typed name, first to last), and
-`name_right` (the whole name). Figures move by ~0.01 between runs: the pages' URLs carry the run's port and
-episode ids, so the demonstrations' tokens differ. The held-out success of `rlfactory sft`'s check says whether a
-start works; these say which step it fails at.
+(the answer the product page shows), `name_word_right` (each word of the typed name, first to last), `name_right`
+(the whole name), `answer_token_right` (each token of the answer's value: progress short of whole answers) and
+`stop_right_by_question` (the answer turn per question asked). Figures move by ~0.01 between runs: the pages' URLs
+carry the run's port and episode ids, so the demonstrations' tokens differ. The held-out success of `rlfactory sft`'s
+check says whether a start works; these say which step it fails at.
 """
 from __future__ import annotations
 
@@ -68,8 +69,11 @@ def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> d
     turns: dict[str, list[int]] = {}
     words: list[list[int]] = []
     names: list[int] = []
+    answers: dict[str, list[int]] = {}  # the question (the intent up to the product's name) -> stop turn right
+    answer_tokens: list[int] = []
     for demo in demos:
         ids, mask = encode_example(chat, demo["messages"])[:2]
+        question = "?"
         with torch.no_grad():
             pred = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
         right = [i > 0 and pred[i - 1] == ids[i] for i in range(len(ids))]
@@ -82,6 +86,11 @@ def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> d
                 if per_word is not None:
                     words.append(per_word)
                     names.append(int(all(per_word)))
+                question = _question(demo["messages"], typed.group(1))
+            if kind == "stop":
+                answers.setdefault(question, []).append(int(all(right[a:b])))
+                value = _value_span(tok, ids[a:b])
+                answer_tokens += [int(right[a + k]) for k in value]
     longest = max((len(w) for w in words), default=0)
     return {
         "transcripts": len(demos),
@@ -89,7 +98,30 @@ def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> d
         "name_word_right": [round(sum(w[i] for w in words if len(w) > i) / sum(len(w) > i for w in words), 3)
                             for i in range(longest)],
         "name_right": round(sum(names) / len(names), 3) if names else None,
+        "answer_token_right": round(sum(answer_tokens) / len(answer_tokens), 3) if answer_tokens else None,
+        "stop_right_by_question": {q: round(sum(v) / len(v), 3) for q, v in sorted(answers.items())},
     }
+
+
+def _question(messages: list[dict[str, Any]], name: str) -> str:
+    """The task's question up to the product's name ('What is the price of the'), from the intent line."""
+    intent = next((line for m in messages if m["role"] == "user" and isinstance(m["content"], str)
+                   for line in m["content"].splitlines() if line.startswith("Task: ")), "")
+    return intent.removeprefix("Task: ").split(name)[0].strip() or "?"
+
+
+def _value_span(tok: Any, ids: list[int]) -> list[int]:
+    """Offsets, inside a stop turn's `ids`, of the tokens that write the answer between `stop [` and `]`."""
+    ends, text = [], ""
+    for k in range(len(ids)):
+        text = tok.decode(ids[: k + 1])
+        ends.append(len(text))
+    a = text.find("stop [")
+    if a < 0:
+        return []
+    a += len("stop [")
+    b = text.find("]", a)
+    return [k for k in range(len(ids)) if (ends[k - 1] if k else 0) < b and ends[k] > a]
 
 
 def _word_right(tok: Any, ids: list[int], right: list[bool], name: str) -> list[int] | None:

@@ -168,6 +168,11 @@ class SFTPhase(Section):
     """Train on each transcript cut after its first `max_turns` policy turns (empty: whole). Shorter rows make cheaper
     steps that put all of a step on the first turns: e.g. a first phase of `max_turns: 1` on what the first action
     copies from the task (a name), then whole transcripts. Not for transcripts with images."""
+    loss_turns: Literal["all", "last"] = "all"
+    """Which policy turns carry the loss: `all`, or `last`: only each transcript's final policy turn (after a
+    `max_turns` cut, the N-th), with the whole transcript before it as context. A last turn that reads a value off the
+    last page (an answer) is a few tokens among a transcript's ~100 policy tokens; `last` gives a step's gradient to
+    it alone."""
 
     @property
     def sources(self) -> list[str]:

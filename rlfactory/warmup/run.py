@@ -180,7 +180,8 @@ def _build_model(recipe: Recipe, sft: SFTConfig, tokenizer: Any) -> Any:
 
 def phase_examples(phases: list[SFTPhase], encoded: dict[str, list[Any]]) -> list[tuple[SFTPhase, list[Any]]]:
     """Each phase with its examples: those of every demo set or file it names, in one pool, each cut after its first
-    `max_turns` policy turns when the phase says so."""
+    `max_turns` policy turns, and its loss kept on its last turn alone (`loss_turns: last`), when the phase says
+    so."""
     out = []
     for i, p in enumerate(phases):
         examples = [e for name in p.sources for e in encoded[name]]
@@ -189,8 +190,21 @@ def phase_examples(phases: list[SFTPhase], encoded: dict[str, list[Any]]) -> lis
                 raise ValueError(f"sft.phases.{i}.max_turns: its transcripts hold images, which a cut would split "
                                  "from their placeholders; remove max_turns from this phase")
             examples = [first_turns(e, p.max_turns) for e in examples]
+        if p.loss_turns == "last":
+            examples = [last_turn_only(e) for e in examples]
         out.append((p, examples))
     return out
+
+
+def last_turn_only(example: Any) -> Any:
+    """An encoded transcript (ids, mask, ...) whose loss mask keeps only its last policy turn (the last run of mask
+    1s); the ids, and so the context the turn is trained in, stay whole."""
+    ids, mask = example[0], list(example[1])
+    end = max((i + 1 for i, m in enumerate(mask) if m), default=0)
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return (ids, [1 if start <= i < end else 0 for i in range(len(mask))], *example[2:])
 
 
 def first_turns(example: Any, turns: int) -> Any:

@@ -24,7 +24,7 @@ CONFIG = REPO / "mcp_configs" / "web_learn.json"
 TASKS = REPO / "envs" / "tools" / "data" / "tasks"
 SHOP = {1, 2, 3, 4, 5, 6}
 WARM = pytest.mark.skipif(not (REPO / "models" / "web-browser" / "config.json").exists(),
-                          reason="the web warm start is not made yet: rlfactory sft recipes/web_learn_sft.yaml")
+                          reason="the web warm start is not made yet: rlfactory sft recipes/web_learn_reader_sft.yaml")
 
 
 def _server_args() -> list[str]:
@@ -224,16 +224,16 @@ def test_the_shipped_copier_is_stage_1_of_the_web_warm_up_and_its_names_are_the_
 @pytest.mark.slow
 @WARM
 def test_the_shipped_warm_start_is_small_and_solves_some_held_out_tasks():
-    """models/web-browser, made by its recipe's command: bf16, a few MB; greedy on the 31 held-out tasks through the
-    real server it solves some and not all (GRPO has something to raise)."""
+    """models/web-browser, made by stage 2's command from the shipped copier: bf16, a few MB; greedy on the 31
+    held-out tasks through the real server it solves some and not all (GRPO has something to raise)."""
     from rlfactory.warmup.run import check_model, load_sft_recipe
 
     warm = REPO / "models" / "web-browser"
     summary = json.loads((warm / "sft_summary.json").read_text())
     assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
     assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"].startswith("rlfactory sft recipes/web_learn_sft.yaml")
-    recipe, sft = load_sft_recipe(REPO / "recipes" / "web_learn_sft.yaml")
+    assert summary["made_by"] == "rlfactory sft recipes/web_learn_reader_sft.yaml"
+    recipe, sft = load_sft_recipe(REPO / "recipes" / "web_learn_reader_sft.yaml")
     check = asyncio.run(check_model(recipe, sft))
     assert check["errors"] == 0 and check["well_formed"] > 0.8
     assert 0.0 < check["success"] < 1.0, check

@@ -368,3 +368,41 @@ def test_a_phase_with_max_turns_trains_on_each_transcript_cut_after_its_first_tu
     assert any(len(s[0]) < len(f[0]) for f, s in zip(whole, cut))
     with pytest.raises(ConfigError, match=r"sft.phases.0.max_turns: a vision-language warm-up"):
         load_sft_recipe(REPO / "recipes" / "quickstart_vision_sft.yaml", ["sft.phases.0.max_turns=1"])
+
+
+def test_a_phase_with_loss_turns_last_keeps_the_loss_on_each_transcripts_last_turn_alone(babyai_demos):
+    """`sft.phases[].loss_turns: last`: the ids stay whole and the mask keeps only the last assistant turn's tokens
+    (the last of the whole mask's runs, one run per assistant message, its end token included); with `max_turns: 2`
+    it is the second turn's, in the cut transcript."""
+    from rlfactory.recipe.sft import SFTPhase
+    from rlfactory.rollout.chat import ChatFormat
+    from rlfactory.warmup.run import phase_examples
+    from rlfactory.warmup.sft import encode_transcript
+    from rlfactory.warmup.tokenizer_builder import build_tokenizer
+
+    def runs(mask: list[int]) -> list[list[int]]:
+        out: list[list[int]] = []
+        for i, m in enumerate(mask):
+            if m:
+                if i and mask[i - 1]:
+                    out[-1].append(i)
+                else:
+                    out.append([i])
+        return out
+
+    demos, _, _ = babyai_demos
+    tokenizer = build_tokenizer(demos, vocab_size=1024, model_max_length=4096)
+    chat = ChatFormat(tokenizer, demos[0]["tools"], system_prompt="Play.")
+    encoded = {"d": [encode_transcript(chat, d["messages"]) for d in demos]}
+    phases = [SFTPhase(data="d", steps=1, lr=1e-3, loss_turns="last"),
+              SFTPhase(data="d", steps=1, lr=1e-3, max_turns=2, loss_turns="last")]
+    (_, last), (_, second) = phase_examples(phases, encoded)
+    for demo, (ids, mask), one, two in zip(demos, encoded["d"], last, second):
+        assistant = [i for i, m in enumerate(demo["messages"]) if m["role"] == "assistant"]
+        assert len(runs(mask)) == len(assistant)
+        assert one[0] == ids and runs(one[1]) == runs(mask)[-1:]
+        assert tokenizer.decode([ids[i] for i in runs(one[1])[0]]).endswith("<|im_end|>")
+        if len(assistant) >= 2:
+            cut_ids, cut_mask = encode_transcript(chat, demo["messages"][:assistant[1] + 1])
+            assert two[0] == cut_ids and runs(two[1]) == runs(cut_mask)[1:2] == runs(mask)[1:2]
+    assert any(sum(o[1]) < sum(f[1]) for f, o in zip(encoded["d"], last))
