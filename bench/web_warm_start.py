@@ -41,27 +41,12 @@ def demonstrations(recipe: Any, sft: Any, content_seed: int, out: Path) -> list[
     return asyncio.run(make_demo_sets(recipe, sft.model_copy(update={"demos": [demo]}), out))[demo.name]
 
 
-def _spans(mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of each run of policy tokens (mask 1)."""
-    spans, i = [], 0
-    while i < len(mask):
-        if mask[i]:
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
-
-
 def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlfactory.rollout.chat import ChatFormat
-    from rlfactory.warmup.sft import encode_example
+    from rlfactory.warmup.sft import encode_example, policy_turns
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -78,7 +63,7 @@ def score(model_dir: Path, demos: list[dict[str, Any]], system_prompt: str) -> d
             pred = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
         right = [i > 0 and pred[i - 1] == ids[i] for i in range(len(ids))]
         actions = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
-        for (a, b), action in zip(_spans(mask), actions):
+        for (a, b), action in zip(policy_turns(mask), actions):
             kind = m.group(1) if (m := _ACTION.search(action)) else "other"
             turns.setdefault(kind, []).append(int(all(right[a:b])))
             if kind == "type" and (typed := _TYPED.search(action)):
@@ -112,34 +97,36 @@ def _question(messages: list[dict[str, Any]], name: str) -> str:
 
 def _value_span(tok: Any, ids: list[int]) -> list[int]:
     """Offsets, inside a stop turn's `ids`, of the tokens that write the answer between `stop [` and `]`."""
-    ends, text = [], ""
-    for k in range(len(ids)):
-        text = tok.decode(ids[: k + 1])
-        ends.append(len(text))
+    ends = _char_ends(tok, ids)
+    text = tok.decode(ids)
     a = text.find("stop [")
     if a < 0:
         return []
     a += len("stop [")
-    b = text.find("]", a)
-    return [k for k in range(len(ids)) if (ends[k - 1] if k else 0) < b and ends[k] > a]
+    return _covering(ends, a, text.find("]", a))
 
 
 def _word_right(tok: Any, ids: list[int], right: list[bool], name: str) -> list[int] | None:
     """Per word of `name` inside the turn `ids`: 1 when every token overlapping the word is right."""
-    ends, text = [], ""
-    for k in range(len(ids)):
-        text = tok.decode(ids[: k + 1])
-        ends.append(len(text))
-    start = text.find(f"[{name}]")
+    ends = _char_ends(tok, ids)
+    start = tok.decode(ids).find(f"[{name}]")
     if start < 0:
         return None
     out, pos = [], start + 1
     for word in name.split(" "):
-        a, b = pos, pos + len(word)
-        covering = [k for k in range(len(ids)) if (ends[k - 1] if k else 0) < b and ends[k] > a]
-        out.append(int(all(right[k] for k in covering)))
-        pos = b + 1
+        out.append(int(all(right[k] for k in _covering(ends, pos, pos + len(word)))))
+        pos += len(word) + 1
     return out
+
+
+def _char_ends(tok: Any, ids: list[int]) -> list[int]:
+    """For each token of `ids`, where its text ends in the decoded turn."""
+    return [len(tok.decode(ids[: k + 1])) for k in range(len(ids))]
+
+
+def _covering(ends: list[int], a: int, b: int) -> list[int]:
+    """The tokens whose text overlaps characters [a, b)."""
+    return [k for k in range(len(ends)) if (ends[k - 1] if k else 0) < b and ends[k] > a]
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from rlfactory.tools.manager import ToolManager
 from rlfactory.warmup.check import check_tasks_file, usable_start_check
 from rlfactory.warmup.demos import calculator_policy, generate_demos, make_arithmetic_tasks, write_jsonl
 from rlfactory.warmup.env_demos import ENV_POLICIES, generate_env_demos
-from rlfactory.warmup.sft import encode_example, save_model, train_phases
+from rlfactory.warmup.sft import encode_example, policy_turns, save_model, train_phases
 from rlfactory.warmup.tokenizer_builder import build_tokenizer, check_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -199,25 +199,19 @@ def phase_examples(phases: list[SFTPhase], encoded: dict[str, list[Any]]) -> lis
 def last_turn_only(example: Any) -> Any:
     """An encoded transcript (ids, mask, ...) whose loss mask keeps only its last policy turn (the last run of mask
     1s); the ids, and so the context the turn is trained in, stay whole."""
-    ids, mask = example[0], list(example[1])
-    end = max((i + 1 for i, m in enumerate(mask) if m), default=0)
-    start = end
-    while start > 0 and mask[start - 1]:
-        start -= 1
+    ids, mask = example[0], example[1]
+    start, end = (policy_turns(mask) or [(0, 0)])[-1]
     return (ids, [1 if start <= i < end else 0 for i in range(len(mask))], *example[2:])
 
 
 def first_turns(example: Any, turns: int) -> Any:
     """An encoded transcript (ids, mask, ...) cut right after its `turns`-th policy turn (a run of mask 1s, the turn's
     end token included); whole when it has no more turns than that."""
-    ids, mask = example[0], example[1]
-    seen = 0
-    for i in range(1, len(mask)):
-        if mask[i - 1] and not mask[i]:
-            seen += 1
-            if seen == turns:
-                return (ids[:i], mask[:i], *example[2:])
-    return example
+    spans = policy_turns(example[1])
+    if len(spans) < turns:
+        return example
+    end = spans[turns - 1][1]
+    return (example[0][:end], example[1][:end], *example[2:])
 
 
 def _check_init(recipe: Recipe, sft: SFTConfig) -> None:

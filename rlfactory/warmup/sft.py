@@ -100,6 +100,17 @@ def encode_example(chat: Any, messages: Sequence[dict[str, Any]]) -> tuple[list[
 
 
 # ------------------------------------------------------------------------------------------------------ training
+def policy_turns(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each policy turn of an encoded transcript: each run of mask 1s, its end token included."""
+    spans: list[tuple[int, int]] = []
+    for i, m in enumerate(mask):
+        if m and i and mask[i - 1]:
+            spans[-1] = (spans[-1][0], i + 1)
+        elif m:
+            spans.append((i, i + 1))
+    return spans
+
+
 def _batch(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
     width = max(len(e[0]) for e in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, T]
