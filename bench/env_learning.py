@@ -128,9 +128,15 @@ def train(recipe: Path, out: Path, seed: int, steps: int | None, minutes: float 
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last = max((out / "checkpoints").glob("step_*"))
     return {"steps": len(rows), "grpo_minutes": round(summary["wall_s"] / 60, 2), "process_s": round(process_s, 1),
-            "reward_first5": round(statistics.fmean(r["reward/mean"] for r in rows[:5]), 3),
-            "reward_last5": round(statistics.fmean(r["reward/mean"] for r in rows[-5:]), 3),
-            "checkpoint": last, "curve": [[round(r["time/elapsed_s"] / 60, 2), r["reward/mean"]] for r in rows]}
+            "reward_first5": round(statistics.fmean(_success(r) for r in rows[:5]), 3),
+            "reward_last5": round(statistics.fmean(_success(r) for r in rows[-5:]), 3),
+            "checkpoint": last, "curve": [[round(r["time/elapsed_s"] / 60, 2), _success(r)] for r in rows]}
+
+
+def _success(row: dict[str, Any]) -> float:
+    """A step's training success: `reward/env_success` (the web recipe's reward adds progress to it), else the
+    reward itself."""
+    return row.get("reward/env_success", row["reward/mean"])
 
 
 def plot(per_env: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -147,7 +153,7 @@ def plot(per_env: dict[str, list[dict[str, Any]]], path: Path) -> None:
                                   f"{run['success_trained']:.2f}")
         ax.set_title(f"{env}: GRPO training reward")
         ax.set_xlabel("wall-clock minutes")
-        ax.set_ylabel("reward/mean (success)")
+        ax.set_ylabel("training success (env_success)")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -6,7 +6,9 @@ the LAST such tool result of the trajectory: from `ToolCallRecord.structured` wh
 from the status line in the recorded text. A trajectory that never reached an environment scores 0.
 
 Use in a recipe: `{function: env_score, weight: 1.0}` (or the dotted `rlfactory.rewards.env:env_score`).
-Left out: per-step (process) rewards; `env_step_rewards` below lists them for whoever wants to place them.
+Process rewards: `env_step_rewards` (the environment's own reward per turn) and `env_progress` (the rises of the
+`progress` an environment reports beside its steps, e.g. the web environment's subgoal pages), each one value per
+assistant turn, which the reward set places on that turn (and `algorithm.turn_credit` credits to it).
 """
 from __future__ import annotations
 
@@ -56,4 +58,22 @@ def env_step_rewards(trajectory: Any) -> list[float]:
         status = env_status(record)
         if status and 0 <= record.turn < len(per_turn):
             per_turn[record.turn] += status["reward"]
+    return per_turn
+
+
+def env_progress(trajectory: Any) -> list[float]:
+    """Per assistant turn, how far the turn's calls raised the `progress` the environment reports in its results'
+    structured content (the share of the task's subgoals reached, in [0, 1]; the web environment reports it for
+    tasks with `eval.subgoal_urls`). They sum to the highest progress the trajectory reached: a subgoal is paid once,
+    on the turn that first reached it. A trajectory whose environment reports none scores 0 on every turn."""
+    per_turn = [0.0] * max(1, trajectory.num_turns)
+    best = 0.0
+    for record in sorted(trajectory.tool_calls, key=lambda r: r.turn):
+        structured = getattr(record, "structured", None)
+        value = structured.get("progress") if isinstance(structured, dict) else None
+        if getattr(record, "is_error", False) or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if value > best and 0 <= record.turn < len(per_turn):
+            per_turn[record.turn] += float(value) - best
+            best = float(value)
     return per_turn

@@ -34,6 +34,7 @@ REGISTRY: dict[str, str] = {
     "env_success": "rlfactory.rewards.env:env_success",
     "env_return": "rlfactory.rewards.env:env_return",
     "env_step_rewards": "rlfactory.rewards.env:env_step_rewards",
+    "env_progress": "rlfactory.rewards.env:env_progress",
 }
 
 INLINE = frozenset(REGISTRY) - {"llm_judge"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfactory.envs.solvers import textcraft_plan
-from rlfactory.rewards.env import env_return, env_score, env_status, env_step_rewards, env_success
+from rlfactory.rewards.env import env_progress, env_return, env_score, env_status, env_step_rewards, env_success
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, TurnSpan
 from rlfactory.tools.manager import ToolManager
 from rlfactory.tools.mcp_configs import load_mcp_configs
@@ -40,6 +40,21 @@ def test_step_rewards_are_summed_per_assistant_turn():
              ToolCallRecord(turn=2, name="step", result="[reward=0.5 score=1 done=true]")]
     traj = Trajectory(id="s", prompt_ids=[1], turns=turns, tool_calls=calls)
     assert env_step_rewards(traj) == [0.5, 0.0, 0.5]
+
+
+def test_progress_rises_are_paid_once_on_the_turn_that_reached_them():
+    turns = [TurnSpan(role=r, start=i, end=i + 1) for i, r in enumerate(["assistant", "tool"] * 4)]
+    calls = [ToolCallRecord(turn=0, name="step", result="", structured={"progress": 0.0, "score": 0}),
+             ToolCallRecord(turn=1, name="step", result="", structured={"progress": 0.5, "score": 0}),
+             ToolCallRecord(turn=1, name="step", result="", structured={"progress": 1.0, "score": 0}),
+             ToolCallRecord(turn=2, name="step", result="", structured={"progress": 0.5, "score": 0}),  # left it
+             ToolCallRecord(turn=3, name="step", result="", structured={"progress": 1.0, "score": 1}),  # back again
+             ToolCallRecord(turn=3, name="step", result="Error", is_error=True, structured={"progress": 9.0})]
+    traj = Trajectory(id="p", prompt_ids=[1], turns=turns, tool_calls=calls)
+    assert env_progress(traj) == [0.0, 1.0, 0.0, 0.0]
+    plain = Trajectory(id="q", prompt_ids=[1], turns=turns, tool_calls=[
+        ToolCallRecord(turn=0, name="step", result="[reward=1 score=1 done=true]")])
+    assert env_progress(plain) == [0.0, 0.0, 0.0, 0.0]  # an environment that reports none
 
 
 async def test_env_reward_of_a_real_episode_through_the_tool_manager():

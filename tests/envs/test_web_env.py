@@ -3,6 +3,7 @@ reset, scoring at `stop`, the step limit, containment to the episode's own path,
 scripted demonstrator through the browser, and the MCP env server (envs/tools/web.py) as a real subprocess."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -59,6 +60,38 @@ def test_the_demonstrator_solves_a_task_of_each_site_through_the_browser(world, 
         assert _solve(world, env, task_id) == 1.0
     finally:
         env.close()
+
+
+def test_a_tasks_subgoal_page_is_reported_as_progress_once_and_forks_keep_it(world):
+    """Task 0 asks about a product: its config names the product's page (`eval.subgoal_urls`), and `progress` rises
+    from 0 to 1 on the step that opens it (the demonstrator's click), stays there, and enters the state key."""
+    env = WebEnv(world)
+    twin = None
+    try:
+        first = env.reset(0)
+        (subgoal,) = env.config["eval"]["subgoal_urls"]
+        assert subgoal.startswith("__SHOPPING__/product/")
+        assert first.info["progress"] == 0.0
+        seen, keys = [], []
+
+        def act(action: str):
+            r = env.step(action)
+            seen.append((action.split(" ")[0], r.info["progress"], env.url))
+            keys.append(env.state_key())
+            if r.info["progress"] == 1.0 and len(seen) == 2:
+                nonlocal twin
+                twin = env.fork()
+            return r.observation, r.done, r.score
+        demo = play_plan(env.config, first.observation, act, world.sites.placeholders(env.episode))
+        assert demo.score == 1.0 and [s[:2] for s in seen] == [("type", 0.0), ("click", 1.0), ("stop", 1.0)]
+        assert seen[1][2].endswith(subgoal.removeprefix("__SHOPPING__"))  # the product's page
+        assert twin is not None and twin.reached == {0}
+        assert twin.step("go_back").info["progress"] == 1.0  # paid once: leaving the page keeps it
+        assert json.loads(keys[0])[3] == [] and json.loads(keys[1])[3] == [0]  # the state key holds it
+    finally:
+        env.close()
+        if twin is not None:
+            twin.close()
 
 
 def test_the_step_limit_ends_and_scores_the_episode(world):
@@ -218,16 +251,20 @@ async def test_the_mcp_server_plays_scores_and_forks_an_episode():
         forked = await tools.call(ToolCall(name="web.fork", arguments={"into": "ep2", "episode_id": "ep"}))
         assert not forked.is_error, forked.text
 
+        progress = [opened.structured["progress"]]  # the rollout side sees it (the post's page is a subgoal)
+
         async def play(episode: str, first: str) -> float:
             config = _server_task(1)
 
             async def act(action: str):
                 r = await tools.call(ToolCall(name="web.step", arguments={"action": action, "episode_id": episode}))
                 assert not r.is_error, r.text
+                progress.append(r.structured["progress"])
                 return r.structured["observation"], r.structured["done"], r.structured["score"]
             return await _play_async(config, first, act)
 
         assert await play("ep", opened.structured["observation"]) == 1.0
+        assert progress[0] == 0.0 and progress[-1] == 1.0 and "progress" not in opened.text
         done_twin = await tools.call(ToolCall(name="web.step", arguments={"action": "stop [x]", "episode_id": "ep2"}))
         assert done_twin.structured["done"] and done_twin.structured["score"] == 0.0
         for ep in ("ep", "ep2"):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shipped_models import shipped_summary
 
 from rlfactory.envs.web.env import WebEnv, WebWorld, split_tasks
 
@@ -206,13 +207,8 @@ def test_the_shipped_copier_is_stage_1_of_the_web_warm_up_and_its_names_are_the_
     which is what lets it copy the name."""
     from transformers import AutoTokenizer
 
-    copier = REPO / "models" / "web-copier"
-    summary = json.loads((copier / "sft_summary.json").read_text())
-    assert (copier / "model.safetensors").stat().st_size < 16 * 2**20
-    assert json.loads((copier / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"] == "rlfactory sft recipes/web_learn_sft.yaml" and summary["steps"] == 4300
-    assert summary["check"]["usable"] and summary["check"]["errors"] == 0
-    tok = AutoTokenizer.from_pretrained(str(copier))
+    shipped_summary("web-copier", "rlfactory sft recipes/web_learn_sft.yaml", steps=4300)
+    tok = AutoTokenizer.from_pretrained(str(REPO / "models" / "web-copier"))
     name = "Cobalt Alpine Recycled Blanket"
     ids = tok.encode(name, add_special_tokens=False)
     assert len(ids) == 4
@@ -228,11 +224,7 @@ def test_the_shipped_warm_start_is_small_and_solves_some_held_out_tasks():
     held-out tasks through the real server it solves some and not all (GRPO has something to raise)."""
     from rlfactory.warmup.run import check_model, load_sft_recipe
 
-    warm = REPO / "models" / "web-browser"
-    summary = json.loads((warm / "sft_summary.json").read_text())
-    assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
-    assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"] == "rlfactory sft recipes/web_learn_reader_sft.yaml"
+    shipped_summary("web-browser", "rlfactory sft recipes/web_learn_reader_sft.yaml", checked=False)
     recipe, sft = load_sft_recipe(REPO / "recipes" / "web_learn_reader_sft.yaml")
     check = asyncio.run(check_model(recipe, sft))
     assert check["errors"] == 0 and check["well_formed"] > 0.8

@@ -14,9 +14,13 @@ browser process and the task list.
 - `fork()`: the sites' databases and the browser context both copied into a new episode (forks share nothing).
 - `picture()`: a screenshot PNG of the tab with `view="pixels"` (the server shows it after each result's text).
 A browser, site or evaluator failure is an `EnvError` with `infra=True`, never an observation.
-`state_key()`: the task, whether it ended, the page as observed (ids, notes and the episode's own path left out)
-and a hash of the episode's database files: equal for equal states reached the same way; states that are equal but
-whose databases were written differently (another number of transactions, a timestamp) get different keys.
+`info["progress"]`: for a task whose config names subgoal pages (`eval.subgoal_urls`: the page of the product or post
+it asks about), the share of them the episode has visited so far, with every reset and step. It is not shown to the
+policy and the score ignores it; `rewards/env.py`'s `env_progress` turns its rises into step rewards.
+`state_key()`: the task, whether it ended, the subgoals visited, the page as observed (ids, notes and the episode's
+own path left out) and a hash of the episode's database files: equal for equal states reached the same way; states
+that are equal but whose databases were written differently (another number of transactions, a timestamp) get
+different keys.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from rlfactory.envs.web.browser.policy import OriginPolicy
 from rlfactory.envs.web.sites.server import WebSites
 from rlfactory.envs.web.sites.store import SITES
 from rlfactory.envs.web.tasks.build import build_tasks
-from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill
+from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill, subgoals_reached
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +189,8 @@ class WebEnv:
         self.url = ""
         self.page = ""
         """The last observation of the page (what `state_key` reads)."""
+        self.reached: set[int] = set()
+        """Indices of the task's `subgoal_urls` visited in this episode."""
 
     @property
     def task_id(self) -> int | None:
@@ -201,16 +207,25 @@ class WebEnv:
         episode, config, self.url = self.world.open_task(split, task_id)
         self.task_split = split
         self.episode, self.config, self.steps, self.done, self.score = episode, config, 0, False, 0.0
+        self.reached = set()
         self.browser = BrowserEnv(self.world.host, max_chars=self.max_chars)
         first = self.browser.open(self.url, self._policy_urls(episode), confine_paths=True)
         self.page = first.observation
+        self._visit()
         return StepResult(observation=f"Task: {config['intent']}\n\n{first.observation}",
                           info=self._info(content_seed=self.world.seed))
 
+    def _visit(self) -> None:
+        """Count the subgoal pages the current URL is."""
+        if self.config is not None and self.episode is not None:
+            self.reached |= subgoals_reached(self.config, self.world.sites.placeholders(self.episode), self.url)
+
     def _info(self, **extra) -> dict:
         c = self.config or {}
+        subgoals = (c.get("eval") or {}).get("subgoal_urls") or []
+        progress = {"progress": len(self.reached) / len(subgoals)} if subgoals else {}
         return {"task_id": c.get("task_id"), "template_id": c.get("intent_template_id"), "site": (c.get("sites")
-                or [None])[0], "split": self.task_split, "url": self.url, "steps": self.steps, **extra}
+                or [None])[0], "split": self.task_split, "url": self.url, "steps": self.steps, **progress, **extra}
 
     def _live(self) -> BrowserEnv:
         if self.browser is None or self.config is None:
@@ -227,6 +242,7 @@ class WebEnv:
         self.steps += 1
         self.url = result.info.get("url", self.url)
         self.page = result.observation
+        self._visit()
         if result.done:
             return self._finish(result.observation, result.info.get("answer"))
         if self.steps >= self.max_steps:
@@ -252,7 +268,8 @@ class WebEnv:
         databases = hashlib.blake2b(digest_size=16)
         for site in SITES:
             databases.update(self.world.sites.store.path(self.episode, site).read_bytes())
-        return json.dumps([self.task_split, self.config["task_id"], self.done, page, databases.hexdigest()])
+        return json.dumps([self.task_split, self.config["task_id"], self.done, sorted(self.reached), page,
+                           databases.hexdigest()])
 
     def picture(self) -> bytes | None:
         """The tab's visible part as a PNG with the pixel view; None with the text view or before a task."""
@@ -282,6 +299,7 @@ class WebEnv:
             raise
         twin.episode, twin.config, twin.steps, twin.done, twin.score = dst, self.config, self.steps, self.done, \
             self.score
+        twin.reached = set(self.reached)
         twin.url = self.url.replace(src_prefix, dst_prefix, 1)
         twin.page = self.page.replace(src_prefix, dst_prefix)
         return twin

@@ -15,7 +15,9 @@ WebArena's `evaluator_router`:
   the `required_contents` (`exact_match` or `must_include`, alternatives joined by " |OR| ").
 Beyond WebArena (it ignores the key, so the files stay WebArena configs): `eval.db_state`, a list of
 `{"site": "shopping"|"reddit", "sql", "params", "expected"}` checks whose first column of the first row must equal
-`expected`, run on a read-only connection to the episode's database.
+`expected`, run on a read-only connection to the episode's database; and `eval.subgoal_urls`, pages the task passes
+through (the page of the product or post it names), which the score ignores and `subgoals_reached` matches (by
+`url_match`'s rule) for the environment's progress report.
 URLs in a config may use WebArena's placeholders (`__SHOPPING__`, `__REDDIT__`); `urls` maps them to bases.
 Left out: WebArena's JavaScript locators beyond querySelector (they need a live page: pass `locate` to evaluate
 them in the browser) and its GitLab / map helpers.
@@ -101,6 +103,12 @@ def url_match(reference: str, pred: str, rule: str = "GOLD in PRED") -> float:
     for k, values in ref_queries.items():
         score *= float(any(v in pred_query.get(k, []) for v in values))
     return score
+
+
+def subgoals_reached(config: dict, urls: dict[str, str], url: str) -> set[int]:
+    """Indices of the config's `eval.subgoal_urls` that `url` is (url_match's "GOLD in PRED")."""
+    subgoals = (config.get("eval") or {}).get("subgoal_urls") or []
+    return {i for i, ref in enumerate(subgoals) if url and url_match(fill(ref, urls), url) == 1.0}
 
 
 def locate_css(source: str, locator: str) -> str:

@@ -22,6 +22,7 @@ from rlfactory.envs.web.tasks.template import (
     stop,
     type_,
     url_is,
+    via,
 )
 
 R = "reddit"
@@ -44,25 +45,28 @@ def _one(p: dict, **more) -> dict:
 
 
 def comment_count(db, rng):
-    return [Instance(_one(p), includes(str(p["n_comments"])), {"answer": str(p["n_comments"])})
+    return [Instance(_one(p), via(includes(str(p["n_comments"])), _url(p)), {"answer": str(p["n_comments"])})
             for p in pick(rng, _posts(db))]
 
 
 def author_of(db, rng):
-    return [Instance(_one(p), includes(p["username"]), {"answer": p["username"]}) for p in pick(rng, _posts(db))]
+    return [Instance(_one(p), via(includes(p["username"]), _url(p)), {"answer": p["username"]})
+            for p in pick(rng, _posts(db))]
 
 
 def score_of(db, rng):
-    return [Instance(_one(p), includes(str(p["score"])), {"answer": str(p["score"])}) for p in pick(rng, _posts(db))]
+    return [Instance(_one(p), via(includes(str(p["score"])), _url(p)), {"answer": str(p["score"])})
+            for p in pick(rng, _posts(db))]
 
 
 def forum_of(db, rng):
-    return [Instance(_one(p), includes(p["forum_title"]), {"answer": p["forum_title"]})
+    return [Instance(_one(p), via(includes(p["forum_title"]), _url(p)), {"answer": p["forum_title"]})
             for p in pick(rng, _posts(db))]
 
 
 def date_of(db, rng):
-    return [Instance(_one(p), includes(p["created_at"]), {"answer": p["created_at"]}) for p in pick(rng, _posts(db))]
+    return [Instance(_one(p), via(includes(p["created_at"]), _url(p)), {"answer": p["created_at"]})
+            for p in pick(rng, _posts(db))]
 
 
 def _vote(value: int):

@@ -25,6 +25,7 @@ from rlfactory.envs.web.tasks.template import (
     stop,
     type_,
     url_is,
+    via,
 )
 
 S = "shopping"
@@ -54,34 +55,43 @@ def _one(p: dict, **more) -> dict:
     return {"product": p["name"], "query": p["name"], **more}
 
 
+def _page(p: dict) -> str:
+    return f"__SHOPPING__/product/{p['sku']}"
+
+
 def price_of(db, rng):
-    return [Instance(_one(p), exact(p["price"]), {"answer": p["price"]}) for p in pick(rng, _products(db))]
+    return [Instance(_one(p), via(exact(p["price"]), _page(p)), {"answer": p["price"]})
+            for p in pick(rng, _products(db))]
 
 
 def rating_of(db, rng):
     rated = [p for p in _products(db) if p["review_count"]]
-    return [Instance(_one(p), includes(f"{p['rating']:.1f}"), {"answer": f"{p['rating']:.1f}"})
+    return [Instance(_one(p), via(includes(f"{p['rating']:.1f}"), _page(p)),
+                     {"answer": f"{p['rating']:.1f}"})
             for p in pick(rng, rated)]
 
 
 def review_count_of(db, rng):
-    return [Instance(_one(p), includes(str(p["review_count"])), {"answer": str(p["review_count"])})
+    return [Instance(_one(p), via(includes(str(p["review_count"])), _page(p)),
+                     {"answer": str(p["review_count"])})
             for p in pick(rng, _products(db))]
 
 
 def latest_reviewer(db, rng):
     ok = [p for p in _products(db) if len(p["reviews"]) == 1 or
           (len(p["reviews"]) > 1 and p["reviews"][0][1] != p["reviews"][1][1])]
-    return [Instance(_one(p), includes(p["reviews"][0][0]), {"answer": p["reviews"][0][0]}) for p in pick(rng, ok)]
+    return [Instance(_one(p), via(includes(p["reviews"][0][0]), _page(p)), {"answer": p["reviews"][0][0]})
+            for p in pick(rng, ok)]
 
 
 def colours_of(db, rng):
-    return [Instance(_one(p), includes(*p["colours"]), {"answer": ", ".join(p["colours"])})
+    return [Instance(_one(p), via(includes(*p["colours"]), _page(p)), {"answer": ", ".join(p["colours"])})
             for p in pick(rng, _products(db))]
 
 
 def category_of(db, rng):
-    return [Instance(_one(p), includes(p["cat"]), {"answer": p["cat"]}) for p in pick(rng, _products(db))]
+    return [Instance(_one(p), via(includes(p["cat"]), _page(p)), {"answer": p["cat"]})
+            for p in pick(rng, _products(db))]
 
 
 def _groups(products: list[dict], colour: bool = True, size: bool = False) -> dict[tuple, list[dict]]:
@@ -175,10 +185,10 @@ def add_to_cart(db, rng):
     out = []
     for p in pick(rng, _products(db)):
         v = _variant(rng, p)
-        out.append(Instance(_one(p, colour=v["colour"], size_text=_size_text(v["size"])), page_has(
+        out.append(Instance(_one(p, colour=v["colour"], size_text=_size_text(v["size"])), via(page_has(
             "__SHOPPING__/checkout/cart/", [p["name"]], [check(S, "SELECT EXISTS(SELECT 1 FROM cart_items WHERE "
                                                              "product_id=? AND colour=? AND size=?)",
-                                                         [p["id"], v["colour"], v["size"]], 1)]),
+                                                         [p["id"], v["colour"], v["size"]], 1)]), _page(p)),
             {"size_step": v["size"]}))
     return out
 

@@ -67,6 +67,12 @@ def page_has(url: str, contents: list[str], checks: list[dict], locator: str = "
                  db_state=checks)
 
 
+def via(ev: dict, *urls: str) -> dict:
+    """`ev` with `subgoal_urls`: pages the task passes through on its way (the page of the product or post it names),
+    whose first visits the environment reports as progress (`WebEnv`'s `progress`; the score ignores them)."""
+    return {**ev, "subgoal_urls": list(urls)}
+
+
 def check(site: str, sql: str, params: list, expected) -> dict:
     return {"site": site, "sql": sql, "params": params, "expected": expected}
 
