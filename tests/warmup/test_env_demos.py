@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from replay_engine import ReplayEngine
+from shipped_models import shipped_summary
 
 from rlfactory.recipe.tools import ToolsConfig
 
@@ -270,26 +272,22 @@ def test_shipped_warm_start_is_small_and_passes_its_check(env, model):
     see them) they solve some tasks and not all, so GRPO's groups disagree."""
     from rlfactory.warmup.run import check_model, load_sft_recipe
 
-    warm = REPO / "models" / model
-    summary = json.loads((warm / "sft_summary.json").read_text())
-    assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
-    assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"].startswith(f"rlfactory sft recipes/{env}_learn_sft.yaml")
+    shipped_summary(model, f"rlfactory sft recipes/{env}_learn_sft.yaml", checked=False)
     recipe, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml", ["sft.check.tasks=32"])
     check = asyncio.run(check_model(recipe, sft))
     assert check["errors"] == 0 and check["well_formed"] > 0.8
     assert 0.0 < check["success"] < 1.0, check
 
 
-def test_the_shipped_strongest_babyai_start_is_stage_1_of_the_warm_up():
-    """models/babyai-namer, the start bench/credit.py measures RL from: stage 1's output as its recipe makes it (bf16, a
-    few MB, checked usable when it was made), which stage 2 (recipes/babyai_learn_sft.yaml) continues."""
-    warm = REPO / "models" / "babyai-namer"
-    summary = json.loads((warm / "sft_summary.json").read_text())
-    assert (warm / "model.safetensors").stat().st_size < 16 * 2**20
-    assert json.loads((warm / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"] == "rlfactory sft recipes/babyai_learn_namer_sft.yaml" and summary["steps"] == 4000
-    assert summary["check"]["usable"] and summary["check"]["errors"] == 0
+@pytest.mark.parametrize("model,recipe,steps", [("babyai-namer", "babyai_learn_namer_sft", 4000),
+                                                ("textcraft-reader", "textcraft_learn_reader_sft", 2400)])
+def test_the_shipped_strongest_starts_are_stage_1_of_the_warm_ups(model, recipe, steps):
+    """models/babyai-namer and models/textcraft-reader, the starts bench/credit.py measures RL from: stage 1's output
+    as its recipe makes it (bf16, a few MB, checked usable when it was made), which stage 2 continues."""
+    shipped_summary(model, f"rlfactory sft recipes/{recipe}.yaml", steps=steps)
+    stage2 = yaml.safe_load((REPO / "recipes" / recipe.replace("_namer", "").replace("_reader", "")
+                             ).with_suffix(".yaml").read_text())
+    assert stage2["model"]["path"] == f"../models/{model}"  # stage 2 continues the shipped stage 1
 
 
 def test_textcraft_held_out_goals_are_never_trained_or_demonstrated():
