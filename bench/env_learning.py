@@ -134,8 +134,8 @@ def train(recipe: Path, out: Path, seed: int, steps: int | None, minutes: float 
 
 
 def _success(row: dict[str, Any]) -> float:
-    """A step's training success: `reward/env_success` (the web recipe's reward adds progress to it), else the
-    reward itself."""
+    """A step's training success: `reward/env_success` (a recipe's reward may add process rewards to it, such as
+    the web's `env_progress`), else the reward itself."""
     return row.get("reward/env_success", row["reward/mean"])
 
 
