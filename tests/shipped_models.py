@@ -8,15 +8,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def shipped_summary(model: str, made_by: str, *, steps: int | None = None, checked: bool = True) -> dict:
-    """Assert the common facts of models/<model> and return its `sft_summary.json`. `made_by` is the command's start
-    (`rlfactory sft recipes/<recipe>.yaml`); `steps` the SFT steps, when the caller pins them; `checked`: the
+def shipped_summary(model: str, made_by: str, *, prefix: bool = False, steps: int | None = None,
+                    checked: bool = True) -> dict:
+    """Assert the common facts of models/<model> and return its `sft_summary.json`. `made_by` is the command
+    (`rlfactory sft recipes/<recipe>.yaml`), the summary's whole `made_by` unless `prefix` (then its start: a second
+    stage's summary goes on to name the first's); `steps` the SFT steps, when the caller pins them; `checked`: the
     summary's usable-start check passed without errors."""
     folder = REPO / "models" / model
     summary = json.loads((folder / "sft_summary.json").read_text())
     assert (folder / "model.safetensors").stat().st_size < 16 * 2**20
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
-    assert summary["made_by"].startswith(made_by), summary["made_by"]
+    assert summary["made_by"].startswith(made_by) if prefix else summary["made_by"] == made_by, summary["made_by"]
     if steps is not None:
         assert summary["steps"] == steps, summary["steps"]
     if checked:

@@ -272,7 +272,7 @@ def test_shipped_warm_start_is_small_and_passes_its_check(env, model):
     see them) they solve some tasks and not all, so GRPO's groups disagree."""
     from rlfactory.warmup.run import check_model, load_sft_recipe
 
-    shipped_summary(model, f"rlfactory sft recipes/{env}_learn_sft.yaml", checked=False)
+    shipped_summary(model, f"rlfactory sft recipes/{env}_learn_sft.yaml", prefix=True, checked=False)
     recipe, sft = load_sft_recipe(REPO / "recipes" / f"{env}_learn_sft.yaml", ["sft.check.tasks=32"])
     check = asyncio.run(check_model(recipe, sft))
     assert check["errors"] == 0 and check["well_formed"] > 0.8

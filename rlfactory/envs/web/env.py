@@ -45,7 +45,7 @@ from rlfactory.envs.web.browser.policy import OriginPolicy
 from rlfactory.envs.web.sites.server import WebSites
 from rlfactory.envs.web.sites.store import SITES
 from rlfactory.envs.web.tasks.build import build_tasks
-from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill, subgoals_reached
+from rlfactory.envs.web.tasks.evaluator import EvalResult, Evaluator, fill, subgoal_urls, subgoals_reached
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class WebEnv:
 
     def _info(self, **extra) -> dict:
         c = self.config or {}
-        subgoals = (c.get("eval") or {}).get("subgoal_urls") or []
+        subgoals = subgoal_urls(c)
         progress = {"progress": len(self.reached) / len(subgoals)} if subgoals else {}
         return {"task_id": c.get("task_id"), "template_id": c.get("intent_template_id"), "site": (c.get("sites")
                 or [None])[0], "split": self.task_split, "url": self.url, "steps": self.steps, **progress, **extra}

@@ -105,10 +105,14 @@ def url_match(reference: str, pred: str, rule: str = "GOLD in PRED") -> float:
     return score
 
 
+def subgoal_urls(config: dict) -> list[str]:
+    """The config's `eval.subgoal_urls` (none when it names none)."""
+    return (config.get("eval") or {}).get("subgoal_urls") or []
+
+
 def subgoals_reached(config: dict, urls: dict[str, str], url: str) -> set[int]:
     """Indices of the config's `eval.subgoal_urls` that `url` is (url_match's "GOLD in PRED")."""
-    subgoals = (config.get("eval") or {}).get("subgoal_urls") or []
-    return {i for i, ref in enumerate(subgoals) if url and url_match(fill(ref, urls), url) == 1.0}
+    return {i for i, ref in enumerate(subgoal_urls(config)) if url and url_match(fill(ref, urls), url) == 1.0}
 
 
 def locate_css(source: str, locator: str) -> str:
