@@ -2,7 +2,7 @@
 same wall-clock budget of RL (BabyAI and TextCraft, 2 cores).
 
     python bench/credit.py --json bench/results/credit.json [--envs babyai,textcraft] [--seeds 0,1] [--minutes 15]
-                           [--method turn|branch|both] [--ablation | --methods turn,branch]
+                           [--method turn|branch|both|returns] [--ablation | --methods turn,branch]
                            [--warm babyai=DIR,textcraft=DIR]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped learning recipes
@@ -18,7 +18,10 @@ out of reach). Methods (recipe overrides):
 - `grpo`: flat GRPO, the recipe as shipped;
 - `turn`: `algorithm.turn_credit.estimator=anchors` (GiGPO-shaped step groups from the environments' states);
 - `branch`: `rollout.branching` with 2 roots of 4 branches after `AT_TURN[env]` turns (a baseline per branch point);
-- `both`: the two together (per-turn advantages on each branch's own turns, the branch point's on the shared ones).
+- `both`: the two together (per-turn advantages on each branch's own turns, the branch point's on the shared ones);
+- `returns`: `algorithm.turn_credit.estimator=returns` (each turn's return-to-go against the other samples' at that
+  turn), with the environment's progress as a process reward where it reports one (`PROGRESS`: TextCraft's craftable
+  ingredients, `env_progress` at weight 0.2); not in `--ablation`.
 `--method` names the shipped one (the `<env>_method` keys); `--ablation` runs the other two as well.
 Reported per method and environment, means over the seeds: held-out greedy success of the last checkpoint, the
 policy's generated tokens (`rollout/generated_tokens`: a branch's copy of its root's tokens counted once), training
@@ -47,6 +50,9 @@ WARM = {"babyai": REPO / "models" / "babyai-namer", "textcraft": REPO / "models"
 SFT = {"babyai": "recipes/babyai_learn_namer_sft.yaml", "textcraft": "recipes/textcraft_learn_reader_sft.yaml"}
 AT_TURN = {"babyai": 1, "textcraft": 2}
 """Where branching forks the roots: BabyAI's macro episodes are 1-3 turns; TextCraft's asking episodes 4-8."""
+PROGRESS = {"babyai": [], "textcraft": ["rewards.functions.1.weight=0.2"]}
+"""`returns`' process reward: the recipe's `env_progress` entry weighted (BabyAI reports no progress)."""
+METHODS = ("turn", "branch", "both", "returns")
 SAVE_EVERY = 5
 
 
@@ -54,7 +60,8 @@ def methods(env: str) -> dict[str, list[str]]:
     return {"grpo": [], "turn": ["algorithm.turn_credit.estimator=anchors"],
             "branch": ["rollout.branching.width=4", f"rollout.branching.at_turn={AT_TURN[env]}"],
             "both": ["algorithm.turn_credit.estimator=anchors", "rollout.branching.width=4",
-                     f"rollout.branching.at_turn={AT_TURN[env]}"]}
+                     f"rollout.branching.at_turn={AT_TURN[env]}"],
+            "returns": ["algorithm.turn_credit.estimator=returns", *PROGRESS[env]]}
 
 
 def train(env: str, warm: Path, out: Path, seed: int, minutes: float, sets: list[str]) -> dict[str, Any]:
@@ -133,7 +140,7 @@ def main() -> None:
     ap.add_argument("--envs", default="babyai,textcraft")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--minutes", type=float, default=15.0, help="training budget of every run (trainer.max_minutes)")
-    ap.add_argument("--method", default="turn", choices=["turn", "branch", "both"], help="the shipped method")
+    ap.add_argument("--method", default="turn", choices=list(METHODS), help="the shipped method")
     ap.add_argument("--ablation", action="store_true", help="also run the other methods")
     ap.add_argument("--methods", default="", help="comma-separated: run exactly these beside flat GRPO (the first "
                                                   "is the shipped one; overrides --method and --ablation)")
@@ -156,9 +163,9 @@ def main() -> None:
     chosen = [args.method] + ([m for m in ("turn", "branch", "both") if m != args.method] if args.ablation else [])
     if args.methods:
         chosen = [m for m in args.methods.split(",") if m]
-        unknown = sorted(set(chosen) - {"turn", "branch", "both"})
+        unknown = sorted(set(chosen) - set(METHODS))
         if unknown:
-            raise SystemExit(f"--methods: unknown {', '.join(unknown)} (known: turn, branch, both)")
+            raise SystemExit(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
         args.method = chosen[0]
     result: dict[str, Any] = {"seeds": seeds, "minutes": args.minutes, "method": args.method, "runs": {}}
     for env in envs:

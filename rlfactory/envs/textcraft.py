@@ -8,6 +8,9 @@ game data files of unclear licence.
 Actions (AgentGym's wording): `get <count> <item>`, `craft <count> <item> using <count> <item>, <count> <item>`,
 `inventory`. A task id picks a goal deterministically among items at crafting depth >= 2; the reset observation
 lists the recipes needed plus up to 10 distractors. Reward 1.0 and done when the goal item is crafted.
+Progress (a process signal, never shown to the policy: `types.SHARED_INFO`): a goal whose tree has craftable
+ingredients reports `progress`, the share of them crafted so far (each counted once, whatever is left of it), with
+every reset and step; a goal crafted from base items alone reports none.
 Task sets: `rlfactory` (the default: goals at depth >= 2, by name) and `agentgym`, which follows AgentGym's server:
 every craftable item (depth >= 1) is a goal, ordered by depth (shallowest first), task `idx` is goal
 `idx % len(goals)`. AgentGym breaks depth ties by the order its recipe folder happens to list on disk and plays
@@ -189,6 +192,9 @@ class TextCraftEnv:
         self.commands: list[str] = []
         self.done = False
         self.score = 0.0
+        self.subgoals: tuple[str, ...] = ()
+        """The craftable ingredients of the goal's tree: what `progress` counts."""
+        self.crafted: frozenset[str] = frozenset()
 
     @property
     def num_tasks(self) -> int:
@@ -209,6 +215,8 @@ class TextCraftEnv:
         self.score = 0.0
         rng = random.Random(self.task_id)  # per-episode RNG: never touch global random state
         needed = self.book.tree(self.goal)
+        self.subgoals = tuple(sorted(r.output for r in needed if r.output != self.goal))
+        self.crafted = frozenset()
         needed_cmds = {r.command for r in needed}
         # Distractors share an ingredient with the tree, so they look plausible, but never make an item of the
         # tree: each needed item has exactly one listed recipe.
@@ -219,7 +227,7 @@ class TextCraftEnv:
         distractors = rng.sample(pool, min(MAX_DISTRACTORS, len(pool)))
         self.commands = sorted(needed_cmds) + distractors
         rng.shuffle(self.commands)
-        return StepResult(observation=self.observe(), info={"goal": self.goal, "task_id": self.task_id})
+        return StepResult(observation=self.observe(), info=self._info())
 
     def fork(self) -> TextCraftEnv:
         """A copy of the episode (the recipe books are shared: nothing changes them)."""
@@ -229,10 +237,12 @@ class TextCraftEnv:
         return twin
 
     def state_key(self) -> str | None:
-        """The task, the inventory and whether the goal is made: all a later step depends on (results.env_state)."""
+        """The task, the inventory, whether the goal is made and which subgoals were crafted: all a later step and its
+        progress depend on (results.env_state)."""
         if self.goal is None:
             return None
-        return json.dumps([self.task_set, self.task_id, sorted(self.inventory.items()), self.done])
+        return json.dumps([self.task_set, self.task_id, sorted(self.inventory.items()), self.done,
+                           sorted(self.crafted)])
 
     def observe(self) -> str:
         if self.goal is None:
@@ -297,6 +307,8 @@ class TextCraftEnv:
             if self.inventory[i] == 0:
                 del self.inventory[i]
         self.inventory[item] = self.inventory.get(item, 0) + recipe.count
+        if item in self.subgoals:
+            self.crafted = self.crafted | {item}
         if item == self.goal:
             self.done = True
             self.score = 1.0
@@ -304,5 +316,10 @@ class TextCraftEnv:
         return self._result(f"Crafted {recipe.count} {item}", 0.0)
 
     def _result(self, observation: str, reward: float) -> StepResult:
-        return StepResult(observation=observation, reward=reward, score=self.score, done=self.done,
-                          info={"goal": self.goal, "task_id": self.task_id})
+        return StepResult(observation=observation, reward=reward, score=self.score, done=self.done, info=self._info())
+
+    def _info(self) -> dict:
+        info: dict = {"goal": self.goal, "task_id": self.task_id}
+        if self.subgoals:
+            info["progress"] = round(len(self.crafted) / len(self.subgoals), 4)
+        return info

@@ -88,3 +88,27 @@ def test_web_first_action_style_is_a_search_for_the_named_product(horizons, tmp_
             _episode(page.format("In which category is the Nordic Bold Canvas Shirt listed?"), ["stop [Shirts]"])]
     got = env_learning.behaviour(_eval_rows(tmp_path, rows), "web")
     assert got == {"turns_mean": 1.25, "first_action_searches_product_share": 0.5}
+
+
+def test_every_credit_bench_method_is_a_valid_recipe_and_returns_weights_the_progress_entry():
+    """bench/credit.py's methods are recipe overrides: each must load on the learning recipe it edits, and the
+    `returns` method's process reward must weight the recipe's `env_progress` entry, not another function."""
+    from rlfactory.recipe.schema import Recipe
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("credit_bench", BENCH / "credit.py")
+        credit = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(credit)
+    finally:
+        sys.path.remove(str(BENCH))
+    for env in ("babyai", "textcraft"):
+        table = credit.methods(env)
+        assert set(table) == {"grpo", *credit.METHODS}
+        for name, sets in table.items():
+            recipe = Recipe.from_yaml(credit.RECIPES[env], sets)
+            weights = {f.function: f.weight for f in recipe.rewards.functions}
+            assert weights["env_success"] == 1.0, (env, name)
+            if name == "returns":
+                assert recipe.algorithm.turn_credit.estimator == "returns"
+                assert weights.get("env_progress", 0.0) == (0.2 if env == "textcraft" else 0.0), env

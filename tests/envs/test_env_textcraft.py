@@ -121,3 +121,41 @@ async def test_episodes_are_isolated_and_closed(open_env):
         assert result.structured_content["episode_id"] == "m"
         _, s = await env.call("observe", episode_id="m")
         assert "Goal: craft" in s["observation"] and (await env.stats())["open"] == 3
+
+
+def test_progress_is_the_share_of_the_goals_craftable_ingredients_crafted():
+    """A goal with craftable ingredients reports `progress` with every reset and step: the share of them crafted so
+    far, each once. It rises only on the crafts of the tree, reaches 1.0 before the goal is crafted, and a fork keeps
+    it; a goal made from base items alone reports none."""
+    env = TextCraftEnv(task_set="agentgym")
+    deep = next(t for t in range(env.num_tasks) if len(env.book.tree(env.goals[t])) >= 3)
+    first = env.reset(deep)
+    subgoals = {r.output for r in env.book.tree(env.goal)} - {env.goal}
+    assert first.info["progress"] == 0.0 and len(subgoals) >= 2
+    seen, crafted = [], set()
+    for action in textcraft_plan(first.observation):
+        result = env.step(action)
+        item = action.split(" using ")[0].split(" ", 2)[2] if action.startswith("craft ") else None
+        crafted |= {item} & subgoals
+        assert result.info["progress"] == round(len(crafted) / len(subgoals), 4), action
+        seen.append(result.info["progress"])
+        if 0 < seen[-1] < 1:
+            twin = env.fork()
+            assert twin.step("inventory").info["progress"] == seen[-1] and twin.state_key() == env.state_key()
+    assert result.done and seen[-2] == 1.0 and seen == sorted(seen)
+    assert env.step("inventory").info["progress"] == 1.0  # and stays there
+    shallow = next(t for t in range(env.num_tasks) if len(env.book.tree(env.goals[t])) == 1)
+    assert "progress" not in env.reset(shallow).info
+
+
+async def test_progress_reaches_the_rollout_side_in_the_structured_content(open_env):
+    local = TextCraftEnv()  # the server's task set
+    task_id = next(t for t in range(local.num_tasks) if len(local.book.tree(local.goals[t])) >= 3)
+    async with open_env("textcraft.py") as env:
+        _, s = await env.call("reset", task_id=task_id, episode_id="p")
+        assert s["progress"] == 0.0
+        progress = [s["progress"]]
+        for action in textcraft_plan(s["observation"]):
+            _, s = await env.call("step", action=action, episode_id="p")
+            progress.append(s["progress"])
+        assert s["done"] is True and progress[-1] == 1.0 and progress == sorted(progress) and len(set(progress)) > 2
