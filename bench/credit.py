@@ -25,9 +25,11 @@ out of reach). Methods (recipe overrides):
 `--method` names the shipped one (the `<env>_method` keys); `--ablation` runs the other two as well.
 Reported per method and environment, means over the seeds: held-out greedy success of the last checkpoint, the
 policy's generated tokens (`rollout/generated_tokens`: a branch's copy of its root's tokens counted once), training
-minutes and steps, success per million generated tokens; and `<env>_tokens_ratio`: the tokens the shipped method
-generated until a checkpoint of it first reached flat GRPO's final success (the same seed's), over flat GRPO's total
-(checkpoints at a quarter, half, three quarters and the end of the run are evaluated; `null` when none reached it).
+minutes and steps, success per million generated tokens, the held-out tasks gained and lost against the warm
+start (which tells a run that changed nothing from one whose gains and losses cancel); and `<env>_tokens_ratio`: the
+tokens the shipped method generated until a checkpoint of it first reached flat GRPO's final success (the same
+seed's), over flat GRPO's total (checkpoints at a quarter, half, three quarters and the end of the run are
+evaluated; `null` when none reached it).
 Goal (issue 37): on both environments the method lifts success >= 0.10 above the warm start, and beats flat GRPO by
 >= 0.05 or reaches its final success with <= 0.6x its generated tokens (`<env>_goal_met`).
 """
@@ -88,8 +90,9 @@ def _step_of(checkpoint: Path) -> int:
 
 
 def run_method(env: str, name: str, sets: list[str], warm: Path, seeds: list[int], minutes: float, work: Path,
-               curve: bool) -> list[dict[str, Any]]:
-    """The method's seeds at once; each: its final eval and (`curve`) evals of checkpoints along the run."""
+               curve: bool, warm_solved: list[str]) -> list[dict[str, Any]]:
+    """The method's seeds at once; each: its final eval, the held-out tasks it solves that the warm start did not
+    (`gained`) and the other way round (`lost`), and (`curve`) evals of checkpoints along the run."""
     def one(seed: int) -> dict[str, Any]:
         tr = train(env, warm, work / env / f"{name}-seed{seed}", seed, minutes, sets)
         ckpts = tr.pop("checkpoints")
@@ -107,7 +110,10 @@ def run_method(env: str, name: str, sets: list[str], warm: Path, seeds: list[int
         tr.pop("tokens_by_step")
         print(f"{env} {name} seed {seed}: {tr['steps']} steps in {tr['minutes']} min, {tr['generated_tokens']:,} "
               f"tokens; held-out success {final['success']:.3f} (curve {points})", flush=True)
-        return {"seed": seed, "success": final["success"], "final": final, "curve": points, **tr}
+        gained = sorted(set(final["solved"]) - set(warm_solved))
+        lost = sorted(set(warm_solved) - set(final["solved"]))
+        return {"seed": seed, "success": final["success"], "final": final, "curve": points, "gained": gained,
+                "lost": lost, **tr}
 
     with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
         return list(pool.map(one, seeds))
@@ -119,6 +125,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"success": round(success, 4), "generated_tokens": int(tokens),
             "minutes": round(statistics.fmean(r["minutes"] for r in runs), 2),
             "steps": round(statistics.fmean(r["steps"] for r in runs), 1),
+            "gained": round(statistics.fmean(len(r["gained"]) for r in runs), 2),
+            "lost": round(statistics.fmean(len(r["lost"]) for r in runs), 2),
             "success_per_million_tokens": round(success / max(tokens, 1.0) * 1e6, 4)}
 
 
@@ -172,10 +180,11 @@ def main() -> None:
         warm = evaluate(env, RECIPES[env], work / env / "warm", warm_starts[env])
         print(f"{env}: warm start {warm_starts[env].name}: held-out success {warm['success']:.3f}", flush=True)
         table = methods(env)
-        runs = {"grpo": run_method(env, "grpo", table["grpo"], warm_starts[env], seeds, args.minutes, work, False)}
+        runs = {"grpo": run_method(env, "grpo", table["grpo"], warm_starts[env], seeds, args.minutes, work, False,
+                                   warm["solved"])}
         for name in chosen:
             runs[name] = run_method(env, name, table[name], warm_starts[env], seeds, args.minutes, work,
-                                    curve=name == args.method)
+                                    curve=name == args.method, warm_solved=warm["solved"])
         per = {name: summarise(r) for name, r in runs.items()}
         shipped = per[args.method]
         ratio = tokens_ratio(runs[args.method], runs["grpo"])

@@ -113,7 +113,14 @@ def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) 
     out.mkdir(parents=True, exist_ok=True)
     seconds = _run(cmd, out / "eval.log")
     res = json.loads((out / "eval" / "eval.json").read_text())
-    return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out, env)}
+    return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out, env),
+            "solved": solved(out)}
+
+
+def solved(eval_dir: Path) -> list[str]:
+    """The task ids an eval solved (its `env_success`, else a reward of 1), to tell which tasks a run changed."""
+    rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
+    return sorted(r["task_id"] for r in rows if r.get("reward_components", {}).get("env_success", r["reward"]) >= 1)
 
 
 def train(recipe: Path, out: Path, seed: int, steps: int | None, minutes: float | None = None) -> dict[str, Any]:

@@ -112,3 +112,16 @@ def test_every_credit_bench_method_is_a_valid_recipe_and_returns_weights_the_pro
             if name == "returns":
                 assert recipe.algorithm.turn_credit.estimator == "returns"
                 assert weights.get("env_progress", 0.0) == (0.2 if env == "textcraft" else 0.0), env
+
+
+def test_an_evals_solved_tasks_are_read_from_success_not_from_a_weighted_reward(horizons, tmp_path):
+    """bench/credit.py's gained / lost tasks come from `env_learning.solved`: a task is solved when its
+    `env_success` is 1 (a process reward in the weighted total does not count), or, without components, when its
+    reward is 1."""
+    import env_learning
+
+    rows = [{"task_id": "t1", "reward": 1.0, "reward_components": {"env_success": 1.0}},
+            {"task_id": "t2", "reward": 1.2, "reward_components": {"env_success": 0.0, "env_progress": 1.0}},
+            {"task_id": "t3", "reward": 1.0},
+            {"task_id": "t0", "reward": 0.0}]
+    assert env_learning.solved(_eval_rows(tmp_path, rows)) == ["t1", "t3"]
