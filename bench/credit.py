@@ -54,7 +54,9 @@ AT_TURN = {"babyai": 1, "textcraft": 2}
 """Where branching forks the roots: BabyAI's macro episodes are 1-3 turns; TextCraft's asking episodes 4-8."""
 PROGRESS = {"babyai": [], "textcraft": ["rewards.functions.1.weight=0.2"]}
 """`returns`' process reward: the recipe's `env_progress` entry weighted (BabyAI reports no progress)."""
-METHODS = ("turn", "branch", "both", "returns")
+ABLATION = ("turn", "branch", "both")
+"""What `--ablation` runs beside the shipped method."""
+METHODS = (*ABLATION, "returns")
 SAVE_EVERY = 5
 
 
@@ -168,7 +170,7 @@ def main() -> None:
                              f"and copy its output there (or pass --warm {env}=DIR)")
     seeds = [int(s) for s in args.seeds.split(",")]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="credit_"))
-    chosen = [args.method] + ([m for m in ("turn", "branch", "both") if m != args.method] if args.ablation else [])
+    chosen = [args.method] + ([m for m in ABLATION if m != args.method] if args.ablation else [])
     if args.methods:
         chosen = [m for m in args.methods.split(",") if m]
         unknown = sorted(set(chosen) - set(METHODS))
@@ -180,8 +182,8 @@ def main() -> None:
         warm = evaluate(env, RECIPES[env], work / env / "warm", warm_starts[env])
         print(f"{env}: warm start {warm_starts[env].name}: held-out success {warm['success']:.3f}", flush=True)
         table = methods(env)
-        runs = {"grpo": run_method(env, "grpo", table["grpo"], warm_starts[env], seeds, args.minutes, work, False,
-                                   warm["solved"])}
+        runs = {"grpo": run_method(env, "grpo", table["grpo"], warm_starts[env], seeds, args.minutes, work,
+                                   curve=False, warm_solved=warm["solved"])}
         for name in chosen:
             runs[name] = run_method(env, name, table[name], warm_starts[env], seeds, args.minutes, work,
                                     curve=name == args.method, warm_solved=warm["solved"])

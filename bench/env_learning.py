@@ -98,9 +98,14 @@ def _first_action_is_style(env: str, row: dict[str, Any]) -> bool:
     return goal is not None and re.fullmatch(rf"get \d+ {re.escape(goal)}", action.strip().lower()) is not None
 
 
+def eval_rows(eval_dir: Path) -> list[dict[str, Any]]:
+    """The transcripts `rlfactory eval --output-dir eval_dir` wrote, one row per episode."""
+    return [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
+
+
 def behaviour(eval_dir: Path, env: str) -> dict[str, float]:
     """Mean turns per episode and the share of first actions in the env's `STYLE`, from an eval's transcripts."""
-    rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
+    rows = eval_rows(eval_dir)
     turns = [sum(1 for m in r.get("messages", []) if m.get("role") == "assistant") for r in rows]
     share = sum(_first_action_is_style(env, r) for r in rows) / len(rows) if rows else 0.0
     return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0, share_key(env): round(share, 3)}
@@ -119,8 +124,8 @@ def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) 
 
 def solved(eval_dir: Path) -> list[str]:
     """The task ids an eval solved (its `env_success`, else a reward of 1), to tell which tasks a run changed."""
-    rows = [json.loads(x) for x in (eval_dir / "eval" / "eval.jsonl").read_text().splitlines() if x.strip()]
-    return sorted(r["task_id"] for r in rows if r.get("reward_components", {}).get("env_success", r["reward"]) >= 1)
+    return sorted(r["task_id"] for r in eval_rows(eval_dir)
+                  if r.get("reward_components", {}).get("env_success", r["reward"]) >= 1)
 
 
 def train(recipe: Path, out: Path, seed: int, steps: int | None, minutes: float | None = None) -> dict[str, Any]:

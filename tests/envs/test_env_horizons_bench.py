@@ -13,16 +13,21 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.fixture(scope="module")
-def horizons():
-    sys.path.insert(0, str(BENCH))  # it imports env_learning beside it
+def _bench_module(file: str, name: str):
+    """bench/<file> loaded as a module (bench scripts import env_learning beside them, which stays imported)."""
+    sys.path.insert(0, str(BENCH))
     try:
-        spec = importlib.util.spec_from_file_location("horizons_bench", BENCH / "horizons.py")
+        spec = importlib.util.spec_from_file_location(name, BENCH / file)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        yield mod
+        return mod
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def horizons():
+    return _bench_module("horizons.py", "horizons_bench")
 
 
 def test_a_lucky_first_step_is_not_the_best(horizons):
@@ -95,13 +100,7 @@ def test_every_credit_bench_method_is_a_valid_recipe_and_returns_weights_the_pro
     `returns` method's process reward must weight the recipe's `env_progress` entry, not another function."""
     from rlfactory.recipe.schema import Recipe
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("credit_bench", BENCH / "credit.py")
-        credit = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(credit)
-    finally:
-        sys.path.remove(str(BENCH))
+    credit = _bench_module("credit.py", "credit_bench")
     for env in ("babyai", "textcraft"):
         table = credit.methods(env)
         assert set(table) == {"grpo", *credit.METHODS}
