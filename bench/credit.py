@@ -3,7 +3,7 @@ same wall-clock budget of RL (BabyAI and TextCraft, 2 cores).
 
     python bench/credit.py --json bench/results/credit.json [--envs babyai,textcraft] [--seeds 0,1] [--minutes 15]
                            [--method turn|branch|both|returns] [--ablation | --methods turn,branch]
-                           [--warm babyai=DIR,textcraft=DIR]
+                           [--warm babyai=DIR,textcraft=DIR] [--reach K]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped learning recipes
 (`recipes/<env>_learn.yaml`) started from the strongest warm start the project's commands make (`models/babyai-namer`
@@ -30,6 +30,10 @@ start (which tells a run that changed nothing from one whose gains and losses ca
 tokens the shipped method generated until a checkpoint of it first reached flat GRPO's final success (the same
 seed's), over flat GRPO's total (checkpoints at a quarter, half, three quarters and the end of the run are
 evaluated; `null` when none reached it).
+`--reach K` (default 8; 0 skips it) also plays each held-out task K times at temperature 1.0 from the warm start:
+`<env>_warm_reach` is its pass@K, and `<env>_goal_within_reach` says whether that is >= 0.10 above its greedy
+success. RL sharpens what the policy already samples; when no sample of the warm start solves the tasks the goal
+needs, the goal asks RL for a behaviour the start never shows, not for a better choice among those it shows.
 Goal (issue 37): on both environments the method lifts success >= 0.10 above the warm start, and beats flat GRPO by
 >= 0.05 or reaches its final success with <= 0.6x its generated tokens (`<env>_goal_met`).
 """
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_learning import RECIPES, _run, evaluate  # noqa: E402  (this folder's figures, the same commands)
+from env_learning import RECIPES, _run, evaluate, reach  # noqa: E402  (this folder's figures, the same commands)
 
 REPO = Path(__file__).resolve().parent.parent
 WARM = {"babyai": REPO / "models" / "babyai-namer", "textcraft": REPO / "models" / "textcraft-reader"}
@@ -155,6 +159,8 @@ def main() -> None:
     ap.add_argument("--methods", default="", help="comma-separated: run exactly these beside flat GRPO (the first "
                                                   "is the shipped one; overrides --method and --ablation)")
     ap.add_argument("--warm", default="", help="env=DIR,...: other warm starts")
+    ap.add_argument("--reach", type=int, default=8, help="K: the warm start's pass@K at temperature 1.0 on the "
+                                                         "held-out tasks (`<env>_warm_reach`; 0: skip)")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     envs = [e for e in args.envs.split(",") if e]
@@ -181,6 +187,11 @@ def main() -> None:
     for env in envs:
         warm = evaluate(env, RECIPES[env], work / env / "warm", warm_starts[env])
         print(f"{env}: warm start {warm_starts[env].name}: held-out success {warm['success']:.3f}", flush=True)
+        if args.reach:
+            warm["reach"] = reach(RECIPES[env], work / env / "warm-reach", warm_starts[env], args.reach)
+            result[f"{env}_warm_reach"] = warm["reach"][f"pass@{args.reach}"]
+            result[f"{env}_goal_within_reach"] = bool(result[f"{env}_warm_reach"] - warm["success"] >= 0.10)
+            print(f"{env}: warm start sampled: pass@{args.reach} {result[f'{env}_warm_reach']:.3f}", flush=True)
         table = methods(env)
         runs = {"grpo": run_method(env, "grpo", table["grpo"], warm_starts[env], seeds, args.minutes, work,
                                    curve=False, warm_solved=warm["solved"])}

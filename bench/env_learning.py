@@ -1,7 +1,7 @@
 """Do the environments learn? Per environment: greedy eval of the warm start, GRPO, greedy eval again.
 
     python bench/env_learning.py --json bench/results/env_learning.json [--envs babyai,textcraft,web] [--seeds 0,1]
-                                 [--serial]
+                                 [--serial] [--reach K]
 
 Everything runs through the commands a user runs, each in its own process, on the shipped recipes:
     rlfactory eval  recipes/<env>_learn.yaml                                   (the warm start: the recipe's model)
@@ -17,6 +17,8 @@ with per-seed figures and what the policy does before and after (mean turns per 
 in the style GRPO is expected to bring back: for BabyAI, AgentGym macros; for TextCraft, a `get` of the goal itself,
 which asks for its crafting command; for the web, a search for the product the task names, typed exactly as the task
 spells it). `--envs web` is not in the default list: its GRPO runs in a real browser and is measured on its own.
+`--reach K` also plays each held-out task K times at temperature 1.0 from the warm start (`<env>_warm_reach`: its
+pass@K; what sharpening the sampled policy can bring greedy success up to).
 `--png` (default next to the JSON) plots training reward against wall-clock minutes.
 """
 from __future__ import annotations
@@ -122,6 +124,26 @@ def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) 
             "solved": solved(out)}
 
 
+def reach(recipe: Path, out: Path, checkpoint: Path | None, k: int) -> dict[str, Any]:
+    """What the policy reaches when it samples (`rlfactory eval --k K`: K episodes a held-out task at temperature
+    1.0): pass@K, the mean success of a sample, and the tasks some sample solved. RL sharpens what the policy already
+    samples, so pass@K bounds what greedy success can reach without a new behaviour being found."""
+    cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out), "--k", str(k)]
+    if checkpoint is not None:
+        cmd += ["--checkpoint", str(checkpoint)]
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = _run(cmd, out / "eval.log")
+    return {**read_reach(out), "eval_s": round(seconds, 1)}
+
+
+def read_reach(eval_dir: Path) -> dict[str, Any]:
+    """An `eval --k K` folder's pass@K, mean success of a sample, and the tasks some sample solved."""
+    res = json.loads((eval_dir / "eval" / "eval.json").read_text())
+    k = int(res["k"])
+    return {"k": k, f"pass@{k}": res[f"pass@{k}"], "sample_success": res["pass@1"],
+            "reached": sorted(set(solved(eval_dir)))}
+
+
 def solved(eval_dir: Path) -> list[str]:
     """The task ids an eval solved (its `env_success`, else a reward of 1), to tell which tasks a run changed."""
     return sorted(r["task_id"] for r in eval_rows(eval_dir)
@@ -184,6 +206,8 @@ def main() -> None:
     ap.add_argument("--serial", action="store_true",
                     help="train the seeds one after another (default: at the same time, each in its own process "
                          "with one torch thread, so on 2 cores each run has about one core)")
+    ap.add_argument("--reach", type=int, default=0, help="K: also the warm start's pass@K at temperature 1.0 on the "
+                                                         "held-out tasks (`<env>_warm_reach`; default 0: skip)")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     envs = [e for e in args.envs.split(",") if e]
@@ -207,6 +231,11 @@ def main() -> None:
         print(f"{env}: warm start success {warm['success']:.3f} on {warm['tasks']} held-out tasks "
               f"({warm['turns_mean']} turns, {share} {warm[share]})",
               flush=True)
+        if args.reach:
+            warm["reach"] = reach(recipe, work / env / "warm-reach", None, args.reach)
+            result[f"{env}_warm_reach"] = warm["reach"][f"pass@{args.reach}"]
+            print(f"{env}: warm start sampled: pass@{args.reach} {result[f'{env}_warm_reach']:.3f}, a sample's "
+                  f"success {warm['reach']['sample_success']:.3f}", flush=True)
 
         def one_seed(seed: int, recipe: Path = recipe, env: str = env, warm: dict[str, Any] = warm,
                      share: str = share) -> dict[str, Any]:

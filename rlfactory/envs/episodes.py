@@ -3,7 +3,9 @@
 An environment server holds one live environment object per trajectory. Keys come from the caller (an explicit
 `episode_id` argument or the MCP request's `_meta["rlfactory/episode_id"]`) or, failing that, from the MCP session.
 The registry bounds how many episodes are open (least recently used is evicted when full), expires idle ones, and
-closes an episode on request (`close` tool, trajectory end) or when its session goes away.
+closes an episode on request (`close` tool, trajectory end) or when its session goes away. It remembers the keys of
+the latest episodes it evicted or expired (`lost`), so that a later call on one is answered as the server's doing,
+not as a call on an episode never opened.
 
 Thread-safe: MCP servers run sync tools on worker threads. Each episode also carries its own lock, so two calls on
 the same episode never interleave. It knows nothing about MCP; `rlfactory/envs/mcp_server.py` does the wiring.
@@ -20,6 +22,8 @@ from typing import Callable, Generic, Iterator, TypeVar
 logger = logging.getLogger(__name__)
 
 E = TypeVar("E")
+LOST_KEPT = 1024
+"""The fewest lost keys (evicted or expired) a registry remembers."""
 
 
 @dataclass
@@ -53,6 +57,8 @@ class EpisodeRegistry(Generic[E]):
         self.idle_timeout_s = idle_timeout_s
         self._clock = clock
         self._episodes: OrderedDict[str, Episode[E]] = OrderedDict()  # LRU order: oldest first
+        self._lost: OrderedDict[str, str] = OrderedDict()  # key -> "evicted" / "expired", oldest first
+        self._lost_kept = max(LOST_KEPT, 4 * max_episodes)
         self._lock = threading.Lock()
         self._drained = False  # the server is stopping: no episode opens any more
         self.opened_total = 0
@@ -76,17 +82,14 @@ class EpisodeRegistry(Generic[E]):
         """The episode under `key`, created if absent (callers reset it). Expires idle episodes first, then evicts
         the least recently used one if the registry is still full."""
         self.expire()
-        doomed: list[Episode[E]] = []
         with self._lock:
             if self._drained:
                 raise RuntimeError("the environment server is shutting down: no new episode opens")
             ep = self._touch_locked(key)
             if ep is not None:
                 return ep
-            while len(self._episodes) >= self.max_episodes:
-                _, old = self._episodes.popitem(last=False)
-                doomed.append(old)
-                self.evicted_total += 1
+            self._lost.pop(key, None)  # opened again: no longer lost
+            doomed = self._evict_locked()
         for old in doomed:
             logger.warning("episode registry full (%d): evicting least recently used episode %r",
                            self.max_episodes, old.key)
@@ -115,16 +118,13 @@ class EpisodeRegistry(Generic[E]):
         recently used episode when full, as `open` does. Raises KeyError when `key` is taken, RuntimeError when the
         registry is drained (`env` is not closed: the caller still owns it then)."""
         self.expire()
-        doomed: list[Episode[E]] = []
         with self._lock:
             if self._drained:
                 raise RuntimeError("the environment server is shutting down: no new episode opens")
             if key in self._episodes:
                 raise KeyError(key)
-            while len(self._episodes) >= self.max_episodes:
-                _, old = self._episodes.popitem(last=False)
-                doomed.append(old)
-                self.evicted_total += 1
+            self._lost.pop(key, None)
+            doomed = self._evict_locked()
             ep = Episode(key=key, env=env, last_used_s=self._clock(), steps=steps, owner=owner)
             self._episodes[key] = ep
             self.opened_total += 1
@@ -133,6 +133,28 @@ class EpisodeRegistry(Generic[E]):
                            self.max_episodes, old.key)
             self._release(old)
         return ep
+
+    def _evict_locked(self) -> list[Episode[E]]:
+        """Make room for one more episode (least recently used first); caller holds the lock and releases them."""
+        doomed = []
+        while len(self._episodes) >= self.max_episodes:
+            _, old = self._episodes.popitem(last=False)
+            doomed.append(old)
+            self.evicted_total += 1
+            self._remember_locked(old.key, "evicted")
+        return doomed
+
+    def _remember_locked(self, key: str, how: str) -> None:
+        self._lost[key] = how
+        self._lost.move_to_end(key)
+        while len(self._lost) > self._lost_kept:
+            self._lost.popitem(last=False)
+
+    def lost(self, key: str) -> str | None:
+        """"evicted" or "expired" when the server itself closed the episode under `key` (one of its latest
+        `4 * max_episodes`, at least `LOST_KEPT`), else None (never opened, or closed on request)."""
+        with self._lock:
+            return self._lost.get(key)
 
     def get(self, key: str) -> Episode[E] | None:
         """The open episode under `key` (and mark it used), or None."""
@@ -172,6 +194,8 @@ class EpisodeRegistry(Generic[E]):
             stale = [k for k, ep in self._episodes.items() if now - ep.last_used_s > self.idle_timeout_s]
             eps = [self._episodes.pop(k) for k in stale]
             self.expired_total += len(eps)
+            for k in stale:
+                self._remember_locked(k, "expired")
         for ep in eps:
             logger.info("episode %r expired after %.0f s idle", ep.key, now - ep.last_used_s)
             self._release(ep)

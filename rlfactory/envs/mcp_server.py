@@ -43,7 +43,7 @@ from pydantic import Field
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
 from rlfactory.envs.results import env_picture, env_state, error_result, no_episode, tool_result
 from rlfactory.envs.types import Env, EnvError, StepResult
-from rlfactory.tools.types import HEALTH_URI, LOOP_ONLY_META
+from rlfactory.tools.types import HEALTH_URI, LOOP_ONLY_META, MAX_EPISODES_META
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,13 @@ SHUTDOWN_S = 10.0
 
 class ServerStopping(EnvError):
     """The env server is shutting down: no new episode opens (an infrastructure failure, not the env's answer)."""
+
+    infra = True
+
+
+class EpisodeLost(EnvError):
+    """The server itself closed the caller's episode (evicted to make room, or expired idle): the trajectory was cut
+    short by the infrastructure, not by its own actions."""
 
     infra = True
 
@@ -169,8 +176,26 @@ class EnvServer:
             async def fn(*args: Any, **kwargs: Any) -> CallToolResult:
                 return sync_fn(*args, **kwargs)
 
-        self.server.add_tool(fn, annotations=_ENV_TOOL, structured_output=False,
-                             meta={LOOP_ONLY_META: True} if loop_only else None)
+        meta: dict[str, Any] = {MAX_EPISODES_META: self.registry.max_episodes}
+        if loop_only:
+            meta[LOOP_ONLY_META] = True
+        self.server.add_tool(fn, annotations=_ENV_TOOL, structured_output=False, meta=meta)
+
+    def missing(self, key: str) -> CallToolResult:
+        """The answer to a call on no open episode: an infrastructure failure when this server closed it itself
+        (evicted or expired), else the answer naming the call that opens one."""
+        how = self.registry.lost(key)
+        if how is None:
+            return no_episode(key, self.start_call)
+        episode = key.split(":", 1)[-1]
+        if how == "evicted":
+            why = (f"episode {episode!r} was closed to make room: this server holds at most "
+                   f"{self.registry.max_episodes} open episodes (--max-episodes). Raise --max-episodes, or run "
+                   f"fewer trajectories at once (rollout.max_concurrent_trajectories)")
+        else:
+            why = (f"episode {episode!r} was closed after {self.registry.idle_timeout_s:g} s without a call "
+                   f"(--idle-timeout-s). Raise --idle-timeout-s if turns take longer")
+        return error_result(EpisodeLost(why))
 
     def act(self, episode_id: str, ctx: Context | None, fn: Callable[[Any], StepResult], *,
             create: bool = False) -> CallToolResult:
@@ -182,7 +207,7 @@ class EnvServer:
         except RuntimeError as e:  # the registry is drained: the server is on its way out
             return error_result(ServerStopping(str(e)))
         if ep is None:
-            return no_episode(key, self.start_call)
+            return self.missing(key)
         with ep.lock:
             if create:
                 ep.steps = 0
@@ -203,7 +228,7 @@ class EnvServer:
         key = self.keys.key(episode_id, ctx)
         ep = self.registry.get(key)
         if ep is None:
-            return no_episode(key, self.start_call)
+            return self.missing(key)
         with ep.lock:
             try:
                 return answer(ep, key)
@@ -219,7 +244,7 @@ class EnvServer:
         into_key = self.keys.key(into, None)
         ep = self.registry.get(key)
         if ep is None:
-            return no_episode(key, self.start_call)
+            return self.missing(key)
         with ep.lock:
             try:
                 env = ep.env.fork()

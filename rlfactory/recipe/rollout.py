@@ -116,7 +116,8 @@ class RolloutConfig(Section):
     viewer and the dashboard show them at their turns. The policy's tokens are unchanged; the images cost memory
     until the step ends, and transcript bytes within `trainer.log.transcript_image_bytes`."""
     max_concurrent_trajectories: int = Field(256, ge=1)
-    """Upper bound on trajectories in flight at once."""
+    """Upper bound on trajectories in flight at once; lowered to the fewest episodes an environment server of the
+    recipe holds open (its `--max-episodes`, rlfactory/rollout/gate.py)."""
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
     """Training groups as trees: roots that branch from forked environment states (local engine; `width: 1`, the
     default, is off). docs/algorithms.md, "Branched groups"."""

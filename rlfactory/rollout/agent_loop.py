@@ -41,6 +41,7 @@ from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.rollout.chat import ChatFormat
 from rlfactory.rollout.engines.protocol import GenerationEngine, SamplingParams
 from rlfactory.rollout.env_glue import EpisodeBinding, new_episode_id, reset_observation
+from rlfactory.rollout.gate import TrajectoryGate
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout.images import prompt_with_images, unseen
 from rlfactory.rollout.images import records as image_records
@@ -203,16 +204,17 @@ class AgentLoop:
     # ---- one group ------------------------------------------------------------------------------------------
     async def run_group(self, task: dict[str, Any], n: int, *, group_id: str | None, horizon: int,
                         seeds: list[int | None], sampling: SamplingParams | None = None,
-                        gate: asyncio.Semaphore | None = None, branching: bool = True) -> list[Trajectory]:
+                        gate: TrajectoryGate | None = None, branching: bool = True) -> list[Trajectory]:
         """One GRPO group of `n` trajectories for `task`, in sample order (`seeds[k]`: sample k's). Independent
         samples, or, with `rollout.branching.width` > 1 (and `branching`), a tree: `n / width` roots play the first
         `at_turn` turns, then each root's episodes are forked and `width` branches play on from there, the root's
-        tokens shared (`Trajectory.branch`). `gate` bounds the trajectories in flight."""
-        gate = gate or asyncio.Semaphore(n)
+        tokens shared (`Trajectory.branch`). `gate` bounds the trajectories in flight (a tree holds a slot per
+        branch for its whole life: its episodes are open together)."""
+        gate = gate or TrajectoryGate(n)
         b = self.cfg.branching
         if not branching or b.width <= 1:
             async def one(k: int) -> Trajectory:
-                async with gate:
+                async with gate.one():
                     return await self.run_one(task, sample_index=k, group_id=group_id, horizon=horizon,
                                               sampling=sampling, seed=seeds[k])
 
@@ -223,25 +225,24 @@ class AgentLoop:
 
     async def _tree(self, task: dict[str, Any], r: int, group_id: str | None, horizon: int,
                     seeds: list[int | None], sampling: SamplingParams | None,
-                    gate: asyncio.Semaphore) -> list[Trajectory]:
+                    gate: TrajectoryGate) -> list[Trajectory]:
         """Root `r` of a branched group and its branches (samples r*width .. r*width + width - 1)."""
         width = self.cfg.branching.width
         k0 = r * width
-        async with gate:
+        async with gate.many(width):
             root = self._start(task, k0, group_id, horizon)
             await self._play(root, task, horizon, sampling, seeds[k0], stop=self._branch_here)
-        point = Branch(root=r, child=0, prefix_tokens=len(root.traj.response_ids),
-                       prefix_turns=root.traj.num_turns)
-        lives = [root, *await asyncio.gather(*(self._branch(root, point, c, k0 + c) for c in range(1, width)))]
-        root.traj.branch = point
+            point = Branch(root=r, child=0, prefix_tokens=len(root.traj.response_ids),
+                           prefix_turns=root.traj.num_turns)
+            lives = [root, *await asyncio.gather(*(self._branch(root, point, c, k0 + c) for c in range(1, width)))]
+            root.traj.branch = point
 
-        async def play_on(live: _Live, k: int) -> None:
-            if live.going:
-                async with gate:
+            async def play_on(live: _Live, k: int) -> None:
+                if live.going:
                     await self._play(live, None, horizon, sampling, seeds[k], start=point.prefix_turns)
 
-        await asyncio.gather(*(play_on(live, k0 + c) for c, live in enumerate(lives)))
-        return [await self._end(live) for live in lives]
+            await asyncio.gather(*(play_on(live, k0 + c) for c, live in enumerate(lives)))
+            return [await self._end(live) for live in lives]
 
     def _branch_here(self, traj: Trajectory, turn: int) -> bool:
         """Whether a root branches before turn `turn` (`rollout.branching`): at `at_turn`, or with `when: uncertain`
@@ -378,12 +379,13 @@ class AgentLoop:
         branching: bool = False,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """`samples_per_prompt` trajectories per task (one GRPO group each, `run_group`; branched only with
-        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories`).
+        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories` and
+        the episodes the environment servers hold: `TrajectoryGate.sized`).
         Returns trajectories in (task, sample) order and `rollout/*` + `tools/*` metrics. The ToolManager's counters
         are reset at the start, so `tools/*` covers this batch only."""
         n = samples_per_prompt or self.cfg.samples_per_prompt
         horizon = horizon if horizon is not None else horizon_for_step(self.cfg.horizon, 0)
-        gate = asyncio.Semaphore(self.cfg.max_concurrent_trajectories)
+        gate = TrajectoryGate.sized(self.cfg.max_concurrent_trajectories, self.tools)
         if self.tools is not None:
             self.tools.reset_metrics()
 

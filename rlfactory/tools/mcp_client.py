@@ -37,7 +37,7 @@ from rlfactory.errors import ToolServerError
 from rlfactory.tools.images import BadImage, ImageLimits, decode_image
 from rlfactory.tools.mcp_configs import ServerConfig
 from rlfactory.tools.stdio_transport import REPLY_TOO_LARGE, REPLY_UNREADABLE, base_environment, stdio_transport
-from rlfactory.tools.types import INFRA_KEY, LOOP_ONLY_META, ToolImage, ToolResult, ToolSpec
+from rlfactory.tools.types import INFRA_KEY, LOOP_ONLY_META, MAX_EPISODES_META, ToolImage, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,14 @@ def to_tool_spec(tool: Any, server: str) -> ToolSpec:
         read_only=bool(ann and ann.read_only_hint),
         idempotent=bool(ann and ann.idempotent_hint),
         loop_only=isinstance(tool.meta, dict) and tool.meta.get(LOOP_ONLY_META) is True,
+        max_episodes=_max_episodes(tool.meta),
     )
+
+
+def _max_episodes(meta: Any) -> int | None:
+    """A tool list's `_meta["rlfactory/max_episodes"]`, when it is a positive integer."""
+    value = meta.get(MAX_EPISODES_META) if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def to_tool_result(result: Any, name: str, server: str, limits: ImageLimits | None = None) -> ToolResult:

@@ -20,6 +20,8 @@ turns it into `ToolResult.infra`, so the trainer keeps the trajectory out of the
 
 LOOP_ONLY_META = "rlfactory/loop_only"
 """A tool's `_meta` key saying the rollout loop calls it and the policy must not see it (`ToolSpec.loop_only`)."""
+MAX_EPISODES_META = "rlfactory/max_episodes"
+"""A tool's `_meta` key: how many episodes its environment server holds open at once (`ToolSpec.max_episodes`)."""
 
 
 class ToolSpec(BaseModel):
@@ -37,6 +39,9 @@ class ToolSpec(BaseModel):
     loop_only: bool = False
     """The rollout loop calls it, the policy never sees it (`_meta["rlfactory/loop_only"]: true` in the server's
     tool list; an environment's `fork`)."""
+    max_episodes: int | None = None
+    """How many episodes the tool's environment server holds open at once (`_meta["rlfactory/max_episodes"]`);
+    rollouts keep no more trajectories in flight than that (rlfactory/rollout/gate.py)."""
 
     def to_openai(self) -> dict[str, Any]:
         """The function-calling schema that chat templates (Qwen3, Hermes) render into the system turn."""

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from rlfactory.envs.protocol import EPISODE_ARG, close_calls, reset_call, task_env
 from rlfactory.envs.solvers import BabyAIWords, textcraft_plan
+from rlfactory.rollout.gate import TrajectoryGate
 from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolSpec
 from rlfactory.warmup.demos import render_tool_call
@@ -193,10 +194,10 @@ async def generate_env_demos(tasks: Sequence[dict[str, Any]], manager: Any, *, p
     rng = random.Random(seed)
     names, weights = list(styles), [styles[s] for s in styles]
     drawn = [rng.choices(names, weights)[0] for _ in tasks]
-    gate = asyncio.Semaphore(concurrency)
+    gate = TrajectoryGate.sized(concurrency, manager)
 
     async def one(i: int) -> tuple[dict[str, Any] | None, str]:
-        async with gate:
+        async with gate.one():
             return await play_episode(tasks[i], manager, policy, drawn[i], max_turns=max_turns,
                                       episode_id=f"demo-{seed}-{i}")
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from rlfactory.envs.solvers import BabyAIShadow, textcraft_plan
+from rlfactory.errors import ConfigError
 from rlfactory.recipe.rewards import RewardsConfig
 from rlfactory.recipe.rollout import RolloutConfig
 from rlfactory.recipe.tools import ToolsConfig
@@ -63,8 +64,11 @@ class SolverPolicy:
 
     def _planner(self, context: str) -> Callable[[str], str]:
         obs = last_user_turn(context)
-        if "Goal: craft" in obs:
-            actions = iter(textcraft_plan(obs))
+        if "Goal: craft" in context:
+            # a branch starts mid-episode: the plan of its reset observation, past the steps its root took
+            start = context.rfind(USER_TURN, 0, context.index("Goal: craft")) + len(USER_TURN)
+            reset = context[start:].split("<|im_end|>", 1)[0]
+            actions = iter(textcraft_plan(reset)[context.count('<tool_call>\n{"name": "textcraft.step"'):])
             return lambda _obs: next(actions)
         level = obs.split("Level: ", 1)[1].split("\n", 1)[0]
         task_id = int(re.search(r"BabyAI task (\d+)\.", context).group(1))
@@ -302,3 +306,27 @@ async def test_agentgym_rows_through_the_bridge_to_an_agentgym_style_server(tok,
         assert "go forward" not in prompt
         last = t.tool_calls[-1].structured
         assert last["done"] and last["reward"] > 0 and last["task_id"] == t.task["env"]["task_id"]
+
+
+async def test_a_rollout_never_opens_more_episodes_than_its_server_holds(tok):
+    """A server that holds 3 episodes (`--max-episodes 3`, advertised in its tool list) and a batch of 8
+    trajectories, flat and then as branched trees of 2: the loop keeps no more in flight than the server holds, so it
+    evicts none and every trajectory finishes its episode (without the bound, 8 interleaved trajectories on 3 slots
+    evict each other's episodes mid-play)."""
+    small = TEXTCRAFT.model_copy(update={"server_args": {"textcraft": ["--max-episodes", "3"]}})
+    tasks = [task_row("textcraft", i) for i in range(4)]
+    async with ToolManager.from_recipe(small) as tools:
+        assert {s.max_episodes for s in [*tools.specs, *tools.loop_specs]} == {3}
+        chat = ChatFormat(tok, tools.openai_schemas(), enable_thinking=False)
+        flat, _ = await AgentLoop(SolverPolicy(tok), tools, chat, cfg()).run_batch(tasks, samples_per_prompt=2)
+        branched, _ = await AgentLoop(SolverPolicy(tok), tools, chat, cfg(branching={"width": 2, "at_turn": 1})
+                                      ).run_batch(tasks, samples_per_prompt=2, branching=True)
+        (conn,) = tools.servers["textcraft"].connections
+        stats = json.loads((await conn.session.read_resource("rlfactory://episodes")).contents[0].text)
+        assert stats["evicted_total"] == 0
+        assert [t.finish_reason for t in flat + branched] == ["env_done"] * 16, [t.error for t in flat + branched]
+        assert sum(t.branch is not None and t.branch.child > 0 for t in branched) == 4  # a fork per tree
+        # A tree wider than the server holds could never have its branches open together: refused, with the fix.
+        too_wide = AgentLoop(SolverPolicy(tok), tools, chat, cfg(branching={"width": 4, "at_turn": 1}))
+        with pytest.raises(ConfigError, match="branching.width"):
+            await too_wide.run_batch(tasks[:1], samples_per_prompt=4, branching=True)

@@ -49,6 +49,25 @@ def test_bounded_count_evicts_least_recently_used():
     assert reg.stats()["evicted_total"] == 1
 
 
+def test_the_registry_remembers_what_it_closed_itself_and_forgets_what_was_closed_on_request():
+    """A call on an evicted or expired episode is the server's doing (an infrastructure failure for the caller); a
+    call on one closed on request, or never opened, is not. Opening the key again clears it; the memory is bounded."""
+    clock = Clock()
+    reg = EpisodeRegistry(Probe, max_episodes=2, idle_timeout_s=60, clock=clock)
+    reg.open("a")
+    reg.open("b")
+    reg.open("c")  # evicts a
+    reg.close("b")
+    clock.now = 100
+    reg.expire()  # c idle 100 s
+    assert (reg.lost("a"), reg.lost("b"), reg.lost("c"), reg.lost("never")) == ("evicted", None, "expired", None)
+    reg.open("a")
+    assert reg.lost("a") is None
+    for i in range(5000):
+        reg.open(f"k{i}")
+    assert reg.lost("k0") is None and reg.lost("k4997") == "evicted"  # the oldest are forgotten
+
+
 def test_idle_episodes_expire():
     clock = Clock()
     reg = EpisodeRegistry(Probe, max_episodes=10, idle_timeout_s=60, clock=clock)
@@ -160,3 +179,10 @@ async def test_leak_thousands_of_episodes_over_mcp(open_env):
         await asyncio.gather(*(episode(i, close=False) for i in range(2000, 2200)))
         stats = await env.stats()
         assert stats["open"] == 64 and stats["evicted_total"] == 200 - 64
+
+        # A call on an episode the server evicted is an infrastructure failure that says why and what to change.
+        result = await env.session.call_tool("step", {"action": "get 1 oak log", "episode_id": "ep2000"})
+        assert result.is_error and (result.structured_content or {}).get("rlfactory/infra") is True
+        assert "hold" in result.content[0].text and "--max-episodes" in result.content[0].text
+        tools = (await env.session.list_tools()).tools
+        assert {t.name: (t.meta or {}).get("rlfactory/max_episodes") for t in tools}["step"] == 64

@@ -124,3 +124,17 @@ def test_an_evals_solved_tasks_are_read_from_success_not_from_a_weighted_reward(
             {"task_id": "t3", "reward": 1.0},
             {"task_id": "t0", "reward": 0.0}]
     assert env_learning.solved(_eval_rows(tmp_path, rows)) == ["t1", "t3"]
+
+
+def test_reach_is_read_from_an_eval_with_k_samples_a_task(horizons, tmp_path):
+    """`--reach K`'s figures: pass@K and a sample's mean success as `rlfactory eval --k K` wrote them, and each task
+    some sample solved, once (two of t1's samples solved it; none of t2's)."""
+    import env_learning
+
+    rows = [{"task_id": "t1", "reward": 1.0, "reward_components": {"env_success": 1.0}},
+            {"task_id": "t1", "reward": 1.0, "reward_components": {"env_success": 1.0}},
+            {"task_id": "t2", "reward": 0.0, "reward_components": {"env_success": 0.0}},
+            {"task_id": "t2", "reward": 0.0, "reward_components": {"env_success": 0.0}}]
+    out = _eval_rows(tmp_path, rows)
+    (out / "eval" / "eval.json").write_text(json.dumps({"pass@1": 0.5, "pass@2": 0.5, "k": 2, "tasks": 2}))
+    assert env_learning.read_reach(out) == {"k": 2, "pass@2": 0.5, "sample_success": 0.5, "reached": ["t1"]}

@@ -64,6 +64,7 @@ from rlfactory.rollout.engines.protocol import (
     SamplingParams,
     engine_counters,
 )
+from rlfactory.rollout.gate import TrajectoryGate
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout_side import RolloutSide, open_rollout_side
 from rlfactory.tools.counters import count_result, empty_counters
@@ -240,7 +241,7 @@ class Generator:
     async def _serve(self, side: RolloutSide, tasks: list[dict[str, Any]], sampler: TaskSampler,
                      setup: Setup) -> None:
         r = self.r
-        gate = asyncio.Semaphore(r.rollout.max_concurrent_trajectories)
+        gate = TrajectoryGate.sized(r.rollout.max_concurrent_trajectories, side.tools)
         skip = set(setup.skip)
         index = setup.start_index
         engine = side.engine
@@ -306,7 +307,7 @@ class Generator:
         self.ch.results.put(("pulse", Pulse(os.getpid(), time.monotonic(), len(self.inflight), a.tool_calls,
                                             not self._allowed(), self.weights.version, progress)))
 
-    async def _group(self, side: RolloutSide, gate: asyncio.Semaphore, index: int, gid: str, task: dict[str, Any],
+    async def _group(self, side: RolloutSide, gate: TrajectoryGate, index: int, gid: str, task: dict[str, Any],
                      horizon: int, seed: int, version: int) -> None:
         tools = None if side.tools is None else _GroupTools(side.tools, self.activity)
         loop = AgentLoop(_VersionWatch(side.engine, self.group_oldest, self.turn_slots, index), tools, side.chat,
