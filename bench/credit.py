@@ -20,8 +20,8 @@ out of reach). Methods (recipe overrides):
 - `branch`: `rollout.branching` with 2 roots of 4 branches after `AT_TURN[env]` turns (a baseline per branch point);
 - `both`: the two together (per-turn advantages on each branch's own turns, the branch point's on the shared ones);
 - `returns`: `algorithm.turn_credit.estimator=returns` (each turn's return-to-go against the other samples' at that
-  turn), with the environment's progress as a process reward where it reports one (`PROGRESS`: TextCraft's craftable
-  ingredients, `env_progress` at weight 0.2); not in `--ablation`.
+  turn), with the environment's progress as a process reward (`PROGRESS`: `env_progress` at weight 0.2; BabyAI's
+  mission objects found, TextCraft's craftable ingredients crafted); not in `--ablation`.
 `--method` names the shipped one (the `<env>_method` keys); `--ablation` runs the other two as well.
 Reported per method and environment, means over the seeds: held-out greedy success of the last checkpoint, the
 policy's generated tokens (`rollout/generated_tokens`: a branch's copy of its root's tokens counted once), training
@@ -56,8 +56,9 @@ WARM = {"babyai": REPO / "models" / "babyai-namer", "textcraft": REPO / "models"
 SFT = {"babyai": "recipes/babyai_learn_namer_sft.yaml", "textcraft": "recipes/textcraft_learn_reader_sft.yaml"}
 AT_TURN = {"babyai": 1, "textcraft": 2}
 """Where branching forks the roots: BabyAI's macro episodes are 1-3 turns; TextCraft's asking episodes 4-8."""
-PROGRESS = {"babyai": [], "textcraft": ["rewards.functions.1.weight=0.2"]}
-"""`returns`' process reward: the recipe's `env_progress` entry weighted (BabyAI reports no progress)."""
+PROGRESS = {"babyai": ["rewards.functions.1.weight=0.2"], "textcraft": ["rewards.functions.1.weight=0.2"]}
+"""`returns`' process reward: the recipe's `env_progress` entry weighted (BabyAI: the mission's objects found;
+TextCraft: its craftable ingredients crafted)."""
 ABLATION = ("turn", "branch", "both")
 """What `--ablation` runs beside the shipped method."""
 METHODS = (*ABLATION, "returns")

@@ -9,6 +9,11 @@ mission succeeds or the level's step limit is hit.
 Task sets: `rlfactory` (the default above: our 8 levels, low-level actions) and `agentgym` (AgentGym's 40 levels,
 `idx % 40` with seed `idx // 40`, its goal wording and its action words, macros included:
 `rlfactory/envs/babyai_agentgym.py`), so that a task id means the task it means in AgentGym-RL.
+
+With the `agentgym` task set an episode also reports `progress` (in its results' structured content, never in the
+policy's text): the share of the objects its mission names (in the parts AgentGym's macros cover: go to, pick up,
+open) that have been in the agent's view so far, each counted once; 1 when the mission is complete. A mission whose
+target is out of sight at the start (behind a door, behind the agent) rises as the agent finds it.
 """
 from __future__ import annotations
 
@@ -20,7 +25,15 @@ import logging
 import threading
 import warnings
 
-from rlfactory.envs.babyai_agentgym import CHECK, NOT_RECOGNIZED, AgentGymActions, agentgym_goal, level_and_seed
+from rlfactory.envs.babyai_agentgym import (
+    CHECK,
+    NOT_RECOGNIZED,
+    AgentGymActions,
+    agentgym_goal,
+    level_and_seed,
+    mission_clauses,
+    names_object,
+)
 from rlfactory.envs.types import StepResult
 from rlfactory.errors import import_extra
 
@@ -122,6 +135,10 @@ class BabyAIEnv:
         self.done = False
         self.score = 0.0
         self._last_obs = None
+        self.targets: tuple[str, ...] = ()
+        """The objects the mission names in the parts macros cover ("red door", "ball"): what `progress` counts."""
+        self.seen: frozenset[int] = frozenset()
+        """Which of `targets` (their indices) have been in view this episode."""
 
     def _make(self, level: str):
         if level not in self._envs:
@@ -144,6 +161,9 @@ class BabyAIEnv:
             self._last_obs, _ = self._env.reset(seed=seed)
         self.done = False
         self.score = 0.0
+        self.seen = frozenset()
+        self.targets = tuple(obj for verb, obj in mission_clauses(self.mission) if verb != "other") \
+            if self.task_set == "agentgym" else ()
         return StepResult(observation=f"Level: {self.level}\n{self.observe()}", info=self._info())
 
     def fork(self) -> BabyAIEnv:
@@ -165,7 +185,7 @@ class BabyAIEnv:
         carrying = (u.carrying.type, u.carrying.color) if u.carrying is not None else None
         grid = hashlib.sha1(u.grid.encode().tobytes()).hexdigest()
         return repr((self.task_set, self.level, self.task_id, tuple(int(x) for x in u.agent_pos), int(u.agent_dir),
-                     carrying, grid, self.done))
+                     carrying, grid, self.done, sorted(self.seen)))
 
     @property
     def mission(self) -> str:
@@ -182,8 +202,21 @@ class BabyAIEnv:
         view = describe_view(self._last_obs["image"], carry_desc, self.mission, forward_word="move forward",
                              seen=in_words)
         self._words = AgentGymActions(self._env)
+        self._note_targets_in_view()
         seen = view.split("\n", 1)[1]  # our words for the view, after AgentGym's goal line
         return f"Your goal: {agentgym_goal(self.mission)}\n{seen}\n{self._words.render()}"
+
+    def action_words(self) -> list[str]:
+        """The action words the `agentgym` task set accepts in the current state (what `check available actions`
+        lists); empty for the other task set or before a task."""
+        if self.task_set != "agentgym" or self._env is None:
+            return []
+        return list((self._words or AgentGymActions(self._env)).actions)
+
+    def _note_targets_in_view(self) -> None:
+        """Add to `seen` the targets some visible object names (every visible object has a `go to <label>`)."""
+        labels = [name[len("go to "):] for name in self._words.actions if name.startswith("go to ")]
+        self.seen |= {i for i, obj in enumerate(self.targets) if any(names_object(x, obj) for x in labels)}
 
     def picture(self) -> bytes | None:
         """The agent's 7x7 view as a PNG (`TILE_PX` a cell, the agent at the bottom centre facing up) with the pixel
@@ -249,7 +282,10 @@ class BabyAIEnv:
                           info=self._info())
 
     def _info(self) -> dict:
-        return {"task_id": self.task_id, "level": self.level, "mission": self.mission, "task_set": self.task_set}
+        info = {"task_id": self.task_id, "level": self.level, "mission": self.mission, "task_set": self.task_set}
+        if self.targets:
+            info["progress"] = 1.0 if self.score > 0 else round(len(self.seen) / len(self.targets), 4)
+        return info
 
     def close(self) -> None:
         for env in self._envs.values():

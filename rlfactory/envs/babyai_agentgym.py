@@ -8,12 +8,15 @@ read as "and". Its actions are words, several of them macros over minigrid's low
 `<colour> <type>` (doors `<colour> <state> door`) and numbered per name from the nearest visible one. Anything else
 answers "The action is not recognized. Please check valid actions." (so `go forward` is not an action here).
 
-Our own implementation of those conventions (`AgentGymActions`), over minigrid's full state: the path of a macro is
+Missions are read into their parts (`mission_clauses`: what to do to which object, in the order it must be done),
+which the demonstrator plays and BabyAI's `progress` counts. Our own implementation of those conventions
+(`AgentGymActions`), over minigrid's full state: the path of a macro is
 a shortest path in turns and steps through free cells and open doors. What differs from AgentGym's server is in
 docs/environments.md (its wording of the view, where its macros may go, its reward rule).
 """
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
 
@@ -50,6 +53,35 @@ def level_and_seed(task_id: int) -> tuple[str, int]:
 def agentgym_goal(mission: str) -> str:
     """The goal as AgentGym words it: "then" and "after you" read as "and"."""
     return mission.replace("then", "and").replace("after you", "and")
+
+
+_CLAUSE = re.compile(r"^(go to|pick up|open) (?:the|a) (.+)$")
+_LOCATION = ("on your left", "on your right", "in front of you", "behind you")
+
+
+def mission_clauses(mission: str) -> list[tuple[str, str]]:
+    """The parts of a BabyAI mission in the order they must be done, as (verb, object): "open the red door, then
+    pick up the ball" -> [("open", "red door"), ("pick up", "ball")]; "A after you B" puts B first. A part no macro
+    covers (put next to, a location) has the verb "other"."""
+    parts: list[str] = []
+    for seq in re.split(r",? then ", mission):
+        if " after you " in seq:
+            first, second = seq.split(" after you ", 1)
+            parts += [second, first]
+        else:
+            parts.append(seq)
+    out = []
+    for part in (p.strip() for q in parts for p in re.split(r",? and ", q)):
+        m = _CLAUSE.match(part)
+        out.append((m.group(1), m.group(2)) if m and not any(w in part for w in _LOCATION) else ("other", part))
+    return out
+
+
+def names_object(label: str, obj: str) -> bool:
+    """Does an action's object label ("red closed door 2") name the mission's object ("red door", "door", "ball")?"""
+    words, want = label.split()[:-1], obj.split()
+    kind, colour = want[-1], want[0] if len(want) > 1 else None
+    return words[-1] == kind and (colour is None or words[0] == colour)
 
 
 def _name(obj: Any) -> str:

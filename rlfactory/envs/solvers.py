@@ -18,6 +18,8 @@ import signal
 import threading
 from typing import Any
 
+from rlfactory.envs.babyai_agentgym import mission_clauses, names_object
+
 _CMD = re.compile(r"^craft (\d+) (.+?) using (.+)$")
 
 
@@ -145,35 +147,6 @@ def _time_limit(seconds: float):
 
 
 _WALK_WORDS = {0: "turn left", 1: "turn right", 2: "move forward", 4: "drop", 5: "toggle"}
-_CLAUSE = re.compile(r"^(go to|pick up|open) (?:the|a) (.+)$")
-_LOCATION = ("on your left", "on your right", "in front of you", "behind you")
-
-
-def mission_clauses(mission: str) -> list[tuple[str, str]]:
-    """The parts of a BabyAI mission in the order they must be done, as (verb, object): "open the red door, then
-    pick up the ball" -> [("open", "red door"), ("pick up", "ball")]; "A after you B" puts B first. A part no macro
-    covers (put next to, a location) has the verb "other"."""
-    parts: list[str] = []
-    for seq in re.split(r",? then ", mission):
-        if " after you " in seq:
-            first, second = seq.split(" after you ", 1)
-            parts += [second, first]
-        else:
-            parts.append(seq)
-    out = []
-    for part in (p.strip() for q in parts for p in re.split(r",? and ", q)):
-        m = _CLAUSE.match(part)
-        out.append((m.group(1), m.group(2)) if m and not any(w in part for w in _LOCATION) else ("other", part))
-    return out
-
-
-def _matches(label: str, obj: str) -> bool:
-    """Does an action's object label ("red closed door 2") name the mission's object ("red door", "door", "ball")?"""
-    words, want = label.split()[:-1], obj.split()
-    kind, colour = want[-1], want[0] if len(want) > 1 else None
-    return words[-1] == kind and (colour is None or words[0] == colour)
-
-
 class BabyAIWords:
     """Plays an `agentgym` BabyAI task (its task id) in AgentGym's action words, on a private copy of the level
     seeded as the server seeds it; `step(word)` must be told every word sent, so the copy follows the server."""
@@ -201,7 +174,7 @@ class BabyAIWords:
         if prefix is None:
             return None
         for name in actions:
-            if name.startswith(prefix) and _matches(name[len(prefix):], obj):
+            if name.startswith(prefix) and names_object(name[len(prefix):], obj):
                 if verb == "open" and " open door" in name:
                     continue
                 return name

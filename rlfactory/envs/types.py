@@ -91,8 +91,8 @@ SHARED_INFO = ("content_seed", "progress")
 """`StepResult.info` fields that reach the rollout side in a result's structured content (the rest of `info` stays in
 the server): `content_seed`, the seed a generated world was built from, which a demonstrator needs to play its tasks'
 plans (rlfactory/warmup/env_demos.py); `progress`, the share of the task's subgoals reached so far, in [0, 1] (the web
-environment's pages on the way, TextCraft's craftable ingredients: `rewards/env.py`'s `env_progress` rewards its
-rises). Neither is shown to the policy."""
+environment's pages on the way, TextCraft's craftable ingredients, the objects an AgentGym BabyAI mission names found:
+`rewards/env.py`'s `env_progress` rewards its rises). Neither is shown to the policy."""
 
 
 class Env(Protocol):

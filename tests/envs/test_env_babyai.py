@@ -107,3 +107,36 @@ def test_text_view_has_no_picture():
     assert env.picture() is None and "You see" in env.observe()
     with pytest.raises(ValueError, match="use one of text, pixels"):
         BabyAIEnv(view="rgb")
+
+
+def test_agentgym_progress_is_the_share_of_the_missions_objects_found():
+    """AgentGym task 10016 (Pickup, seed 250): the purple ball is behind a door, out of sight. `progress` is 0 until
+    the agent goes through the door and sees it, 1 from then on (and at the end); a fork keeps what was found, and
+    the state key tells a state that found it from one that did not. Missions no macro covers (put next to) and the
+    rlfactory task set report none."""
+    env = BabyAIEnv(task_set="agentgym")
+    first = env.reset(10016)
+    assert env.targets == ("purple ball",) and first.info["progress"] == 0.0
+    assert env.step("turn right").info["progress"] == 0.0
+    before = env.fork()
+    found = env.step("toggle and go through green closed door 1")
+    assert found.info["progress"] == 1.0 and "go to purple ball 1" in found.observation
+    twin = env.fork()
+    assert twin.step("turn left").info["progress"] == 1.0 and before.step("turn left").info["progress"] == 0.0
+    assert before.state_key() != twin.state_key()
+    done = env.step("pickup purple ball 1")
+    assert done.done and done.score > 0 and done.info["progress"] == 1.0
+
+    two = BabyAIEnv(task_set="agentgym")
+    assert two.reset(10007).info["progress"] == 0.0 and two.targets == ("green door", "door")
+    assert "progress" not in BabyAIEnv(task_set="agentgym").reset(10021).info  # put ... next to ...
+    assert "progress" not in BabyAIEnv().reset(3).info
+
+
+async def test_agentgym_progress_reaches_the_rollout_side(open_env):
+    async with open_env("babyai.py", "--task-set", "agentgym") as env:
+        _, s = await env.call("reset", task_id=10016, episode_id="p")
+        assert s["progress"] == 0.0 and "purple ball" not in s["observation"].split("Available actions")[1]
+        for action in ("turn right", "toggle and go through green closed door 1"):
+            _, s = await env.call("step", action=action, episode_id="p")
+        assert s["progress"] == 1.0

@@ -56,7 +56,7 @@ def babyai_demos():
 
 
 def test_mission_clauses_order_the_parts_of_a_goal():
-    from rlfactory.envs.solvers import mission_clauses
+    from rlfactory.envs.babyai_agentgym import mission_clauses
 
     assert mission_clauses("go to the red ball") == [("go to", "red ball")]
     assert mission_clauses("open the purple door after you open the red door") == [
