@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rlfactory.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
+_SAID: set[tuple[int, int]] = set()
+"""The lowerings logged already (once a process: a training run sizes a gate every step)."""
 
 
 def episode_capacity(tools: "ToolManager | None") -> int | None:
@@ -49,6 +51,9 @@ class TrajectoryGate:
         """`rollout.max_concurrent_trajectories`, lowered to the episodes the servers hold (logged when it is)."""
         capacity = episode_capacity(tools)
         if capacity is not None and capacity < max_concurrent:
+            if (capacity, max_concurrent) in _SAID:
+                return cls(capacity)
+            _SAID.add((capacity, max_concurrent))
             logger.info("at most %d trajectories at once (rollout.max_concurrent_trajectories %d): an environment "
                         "server holds %d open episodes (--max-episodes)", capacity, max_concurrent, capacity)
             return cls(capacity)

@@ -36,6 +36,7 @@ from rlfactory.recipe.rollout import HorizonConfig
 from rlfactory.recipe.schema import Recipe
 from rlfactory.rollout.agent_loop import AgentLoop
 from rlfactory.rollout.engines.protocol import GenerationOutput, SamplingParams
+from rlfactory.rollout.gate import TrajectoryGate
 from rlfactory.rollout.horizon import horizon_for_step
 from rlfactory.rollout_side import close_tool_side, start_tool_side
 from rlfactory.verl.records import RolloutRecorder
@@ -99,6 +100,8 @@ class _WorkerState:
     rewards: Any
     cache: Any
     recorder: RolloutRecorder
+    gate: TrajectoryGate
+    """This worker's samples in flight (no more than its environment servers hold episodes)."""
 
 
 _STATES: dict[tuple[str, int], _WorkerState] = {}
@@ -119,7 +122,8 @@ async def worker_state(recipe_path: str, recipe_base_dir: str | None) -> _Worker
         cache, tools, rewards, chat = await start_tool_side(recipe, load_tokenizer(recipe), recipe.trainer.output_dir,
                                                             origin=node)
         recorder = RolloutRecorder(recipe.trainer.output_dir, node)
-        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache, recorder)
+        gate = TrajectoryGate.sized(recipe.rollout.max_concurrent_trajectories, tools)
+        _STATES[key] = _WorkerState(recipe, chat, tools, rewards, cache, recorder, gate)
         logger.info("agent-loop worker ready: %d tool(s), %d reward function(s)",
                     len(tools.specs) if tools else 0, len(rewards.functions))
         return _STATES[key]
@@ -219,7 +223,8 @@ class RLFactoryAgentLoop(AgentLoopBase):
         uid = str(_plain(kwargs.get("uid", "")) or task.get("id") or "")
         session = _plain(kwargs.get("session_id"))
         sample_index = int(session) if session is not None else next_sample_index(uid) if uid else 0
-        traj = await loop.run_one(task, sample_index=sample_index, group_id=uid or None, horizon=horizon)
+        async with st.gate.one():
+            traj = await loop.run_one(task, sample_index=sample_index, group_id=uid or None, horizon=horizon)
         if traj.finish_reason == "error":  # a failed rollout is data: kept, scored, but none of it is trained on
             traj.loss_mask = [0] * len(traj.response_ids)
         extra_info: dict[str, float] = {}
