@@ -208,8 +208,7 @@ class AgentLoop:
         """One GRPO group of `n` trajectories for `task`, in sample order (`seeds[k]`: sample k's). Independent
         samples, or, with `rollout.branching.width` > 1 (and `branching`), a tree: `n / width` roots play the first
         `at_turn` turns, then each root's episodes are forked and `width` branches play on from there, the root's
-        tokens shared (`Trajectory.branch`). `gate` bounds the trajectories in flight (a tree holds a slot per
-        branch for its whole life: its episodes are open together)."""
+        tokens shared (`Trajectory.branch`). `gate` bounds the trajectories in flight (a tree: a slot per branch)."""
         gate = gate or TrajectoryGate(n)
         b = self.cfg.branching
         if not branching or b.width <= 1:
@@ -379,8 +378,7 @@ class AgentLoop:
         branching: bool = False,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """`samples_per_prompt` trajectories per task (one GRPO group each, `run_group`; branched only with
-        `branching`: training, not evaluation), all in flight at once (bounded by `max_concurrent_trajectories` and
-        the episodes the environment servers hold: `TrajectoryGate.sized`).
+        `branching`: training, not evaluation), all in flight at once (bounded by `TrajectoryGate.sized`).
         Returns trajectories in (task, sample) order and `rollout/*` + `tools/*` metrics. The ToolManager's counters
         are reset at the start, so `tools/*` covers this batch only."""
         n = samples_per_prompt or self.cfg.samples_per_prompt
