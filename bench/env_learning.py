@@ -113,12 +113,17 @@ def behaviour(eval_dir: Path, env: str) -> dict[str, float]:
     return {"turns_mean": round(statistics.fmean(turns), 2) if turns else 0.0, share_key(env): round(share, 3)}
 
 
-def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out)]
+def _eval(recipe: Path, out: Path, checkpoint: Path | None, *extra: str) -> float:
+    """`rlfactory eval RECIPE --output-dir OUT [--checkpoint C] [extra]`, logged to OUT/eval.log; its seconds."""
+    cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out), *extra]
     if checkpoint is not None:
         cmd += ["--checkpoint", str(checkpoint)]
     out.mkdir(parents=True, exist_ok=True)
-    seconds = _run(cmd, out / "eval.log")
+    return _run(cmd, out / "eval.log")
+
+
+def evaluate(env: str, recipe: Path, out: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+    seconds = _eval(recipe, out, checkpoint)
     res = json.loads((out / "eval" / "eval.json").read_text())
     return {"success": res["pass@1"], "tasks": res["tasks"], "eval_s": round(seconds, 1), **behaviour(out, env),
             "solved": solved(out)}
@@ -128,11 +133,7 @@ def reach(recipe: Path, out: Path, checkpoint: Path | None, k: int) -> dict[str,
     """What the policy reaches when it samples (`rlfactory eval --k K`: K episodes a held-out task at temperature
     1.0): pass@K, the mean success of a sample, and the tasks some sample solved. RL sharpens what the policy already
     samples, so pass@K bounds what greedy success can reach without a new behaviour being found."""
-    cmd = [sys.executable, "-m", "rlfactory.cli", "eval", str(recipe), "--output-dir", str(out), "--k", str(k)]
-    if checkpoint is not None:
-        cmd += ["--checkpoint", str(checkpoint)]
-    out.mkdir(parents=True, exist_ok=True)
-    seconds = _run(cmd, out / "eval.log")
+    seconds = _eval(recipe, out, checkpoint, "--k", str(k))
     return {**read_reach(out), "eval_s": round(seconds, 1)}
 
 

@@ -41,7 +41,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from rlfactory.envs.episodes import Episode, EpisodeRegistry
-from rlfactory.envs.results import env_picture, env_state, error_result, no_episode, tool_result
+from rlfactory.envs.results import env_picture, env_state, error_result, lost_episode, no_episode, tool_result
 from rlfactory.envs.types import Env, EnvError, StepResult
 from rlfactory.tools.types import HEALTH_URI, LOOP_ONLY_META, MAX_EPISODES_META
 
@@ -65,13 +65,6 @@ SHUTDOWN_S = 10.0
 
 class ServerStopping(EnvError):
     """The env server is shutting down: no new episode opens (an infrastructure failure, not the env's answer)."""
-
-    infra = True
-
-
-class EpisodeLost(EnvError):
-    """The server itself closed the caller's episode (evicted to make room, or expired idle): the trajectory was cut
-    short by the infrastructure, not by its own actions."""
 
     infra = True
 
@@ -187,15 +180,7 @@ class EnvServer:
         how = self.registry.lost(key)
         if how is None:
             return no_episode(key, self.start_call)
-        episode = key.split(":", 1)[-1]
-        if how == "evicted":
-            why = (f"episode {episode!r} was closed to make room: this server holds at most "
-                   f"{self.registry.max_episodes} open episodes (--max-episodes). Raise --max-episodes, or run "
-                   f"fewer trajectories at once (rollout.max_concurrent_trajectories)")
-        else:
-            why = (f"episode {episode!r} was closed after {self.registry.idle_timeout_s:g} s without a call "
-                   f"(--idle-timeout-s). Raise --idle-timeout-s if turns take longer")
-        return error_result(EpisodeLost(why))
+        return lost_episode(key, how, self.registry.max_episodes, self.registry.idle_timeout_s)
 
     def act(self, episode_id: str, ctx: Context | None, fn: Callable[[Any], StepResult], *,
             create: bool = False) -> CallToolResult:

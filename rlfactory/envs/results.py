@@ -40,6 +40,27 @@ def no_episode(key: str, start: str = "reset(task_id)") -> CallToolResult:
     return tool_result(StepResult(observation=f"No episode is open: call {start} first."), None, key)
 
 
+class EpisodeLost(EnvError):
+    """The server itself closed the caller's episode (evicted to make room, or expired idle): the trajectory was cut
+    short by the infrastructure, not by its own actions."""
+
+    infra = True
+
+
+def lost_episode(key: str, how: str, max_episodes: int, idle_timeout_s: float) -> CallToolResult:
+    """The answer to a call on an episode the server closed itself (`how`: "evicted" or "expired", as
+    `EpisodeRegistry.lost` says): an infrastructure failure naming the limit that closed it and how to raise it."""
+    episode = key.split(":", 1)[-1]
+    if how == "evicted":
+        why = (f"episode {episode!r} was closed to make room: this server holds at most {max_episodes} open "
+               f"episodes (--max-episodes). Raise --max-episodes, or run fewer trajectories at once "
+               f"(rollout.max_concurrent_trajectories)")
+    else:
+        why = (f"episode {episode!r} was closed after {idle_timeout_s:g} s without a call (--idle-timeout-s). "
+               f"Raise --idle-timeout-s if turns take longer")
+    return error_result(EpisodeLost(why))
+
+
 def env_state(env: Any) -> str | None:
     """The episode's state as the `state` field of a result's structured content: a short hash of
     `env.state_key()`, equal for equal states (what anchor-state turn credit groups turns by,

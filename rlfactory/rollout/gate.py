@@ -50,14 +50,13 @@ class TrajectoryGate:
     def sized(cls, max_concurrent: int, tools: "ToolManager | None") -> "TrajectoryGate":
         """`rollout.max_concurrent_trajectories`, lowered to the episodes the servers hold (logged when it is)."""
         capacity = episode_capacity(tools)
-        if capacity is not None and capacity < max_concurrent:
-            if (capacity, max_concurrent) in _SAID:
-                return cls(capacity)
+        if capacity is None or capacity >= max_concurrent:
+            return cls(max_concurrent)
+        if (capacity, max_concurrent) not in _SAID:
             _SAID.add((capacity, max_concurrent))
             logger.info("at most %d trajectories at once (rollout.max_concurrent_trajectories %d): an environment "
                         "server holds %d open episodes (--max-episodes)", capacity, max_concurrent, capacity)
-            return cls(capacity)
-        return cls(max_concurrent)
+        return cls(capacity)
 
     def one(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.many(1)
