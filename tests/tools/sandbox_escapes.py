@@ -2,8 +2,9 @@
 
 The sandbox runs them with processes allowed (`--allow-processes`, `Limits.allow_processes`: the audit hook's ban on
 new processes off), so what is tested is the process-lifetime layer itself, as a snippet that may start processes,
-or one that got around the CPython-level checks, meets it. Forked children keep the command line of the snippet's interpreter, which names its scratch directory:
-every process of a snippet run by a server whose TMPDIR is `marker` has `marker` in its command line.
+or one that got around the CPython-level checks, meets it. Forked children keep the command line of the snippet's
+interpreter, which names its scratch directory: every process of a snippet run by a server whose TMPDIR is `marker`
+has `marker` in its command line.
 
 Used by tests/tools/test_sandbox_escapes.py and bench/chaos_sandbox.py.
 """
@@ -50,9 +51,11 @@ def sleep_for_ever():
 '''
 
 
-def setsid_sleep() -> str:
-    """The issue's snippet: the main process leaves its session and outsleeps the timeout."""
-    return KIT + "detach()\nprint('ready', flush=True)\nsleep_for_ever()\n"
+def setsid_sleep(say_ready: bool = True) -> str:
+    """The issue's snippet: the main process leaves its session and outsleeps the timeout. `say_ready=False` leaves
+    out its one print, for a server killed mid-call: a print after the server's end of the pipe closed would end the
+    snippet with a BrokenPipeError, so whether it survives would depend on how fast it reached its print."""
+    return KIT + "detach()\n" + ("print('ready', flush=True)\n" if say_ready else "") + "sleep_for_ever()\n"
 
 
 def double_fork() -> str:
@@ -67,7 +70,8 @@ def closed_pipes(main_exits: bool = False) -> str:
     """The issue's second form: stdout and stderr closed after setsid, by the main process and by a detached child,
     so nothing keeps the pipes open and the main process (unless `main_exits`) outsleeps the timeout."""
     end = "" if main_exits else "detach()\nos.close(1)\nos.close(2)\nsleep_for_ever()\n"
-    return KIT + ("def child():\n    detach()\n    os.close(0)\n    os.close(1)\n    os.close(2)\n    sleep_for_ever()\n"
+    return KIT + ("def child():\n    detach()\n    os.close(0)\n    os.close(1)\n    os.close(2)\n"
+                  "    sleep_for_ever()\n"
                   "fork(child)\nprint('ready', flush=True)\n" + end)
 
 

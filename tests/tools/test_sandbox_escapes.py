@@ -140,7 +140,7 @@ async def test_a_server_killed_mid_call_has_its_snippets_ended_by_the_next_one(t
             pytest.skip("no cgroup v2 with cgroup.kill here, so nothing names the calls of a killed server")
         async with streamable_http_client(first.url) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
-            call = asyncio.ensure_future(session.call_tool("python", {"code": escapes.setsid_sleep(),
+            call = asyncio.ensure_future(session.call_tool("python", {"code": escapes.setsid_sleep(say_ready=False),
                                                                         "timeout_s": 30}))
             for _ in range(600):  # until the snippet runs (a hang guard, not a timing)
                 if escapes.alive_with(str(tmp_path)):
