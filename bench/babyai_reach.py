@@ -6,9 +6,10 @@ Per task of the learning recipe's held-out set (AgentGym ids 10000-10031, levels
 environment (`BabyAIEnv`, task set `agentgym`): does the scripted demonstrator that made the warm start's
 demonstrations (`BabyAIWords`, macro style: a macro for each part of the goal it covers, the planner's low-level steps
 otherwise) solve it within `--turns` actions; and does a breadth-first search over every action word the
-environment offers, on forks of the episode, find a solution within `--turns` (the fewest actions; states seen
-before are skipped; `--limit-s` per task). The search sees nothing the policy does not see turn by turn, but it
-tries every branch: a solution it finds exists, though a policy would have to guess which door hides the target.
+environment offers, on forks of the episode, find a solution within `--turns` (`babyai_shortest` in
+rlfactory/envs/solvers.py: the fewest actions; states seen before are skipped; `--limit-s` per task). The search
+sees nothing the policy does not see turn by turn, but it tries every branch: a solution it finds exists, though a
+policy would have to guess which door hides the target (the `search` demonstration style plays these solutions).
 Reported: the tasks each solves (`demonstrator_solved`, `search_solved`) and their shares, and per task the level,
 the search's solution and the states it visited. Read beside `rlfactory eval --k K` (what the warm start reaches
 when it samples): the gap between the two is what RL would have to find, not merely choose.
@@ -17,13 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
-from typing import Any
 
 from rlfactory.envs.babyai import BabyAIEnv
-from rlfactory.envs.babyai_agentgym import CHECK
-from rlfactory.envs.solvers import BabyAIWords
+from rlfactory.envs.solvers import BabyAIWords, babyai_shortest
 
 
 def demonstrator_solves(task_id: int, turns: int) -> bool:
@@ -42,43 +40,6 @@ def demonstrator_solves(task_id: int, turns: int) -> bool:
         env.close()
 
 
-def search(task_id: int, turns: int, limit_s: float) -> dict[str, Any]:
-    """Breadth-first over action words, on forks; the first solution found is a shortest one."""
-    t0 = time.perf_counter()
-    root = BabyAIEnv(task_set="agentgym")
-    root.reset(task_id)
-    frontier: list[tuple[BabyAIEnv, list[str]]] = [(root, [])]
-    seen = {root.state_key()}
-    out: dict[str, Any] = {"task_id": task_id, "level": root.level, "solution": None, "timed_out": False}
-    for _ in range(turns):
-        following = []
-        for env, path in frontier:
-            for word in env.action_words():
-                if word == CHECK:
-                    continue
-                child = env.fork()
-                result = child.step(word)
-                if result.done:
-                    if result.score > 0:
-                        out["solution"] = path + [word]
-                        break
-                    continue
-                key = child.state_key()
-                if key not in seen:
-                    seen.add(key)
-                    following.append((child, path + [word]))
-            if out["solution"] or time.perf_counter() - t0 > limit_s:
-                break
-        if out["solution"]:
-            break
-        if time.perf_counter() - t0 > limit_s:
-            out["timed_out"] = True
-            break
-        frontier = following
-    out.update(states=len(seen), seconds=round(time.perf_counter() - t0, 1))
-    return out
-
-
 def _ids(spec: str) -> list[int]:
     lo, _, hi = spec.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
@@ -94,11 +55,11 @@ def main() -> None:
     tasks = _ids(args.tasks)
     rows = []
     for task_id in tasks:
-        row = search(task_id, args.turns, args.limit_s)
+        row = babyai_shortest(task_id, args.turns, max_states=None, limit_s=args.limit_s)
         row["demonstrator"] = demonstrator_solves(task_id, args.turns)
         rows.append(row)
         print(f"{task_id} {row['level']}: demonstrator {'solves' if row['demonstrator'] else 'fails'}; search "
-              f"{row['solution'] or ('timed out' if row['timed_out'] else 'none')} ({row['states']} states, "
+              f"{row['solution'] or ('timed out' if row['stopped'] else 'none')} ({row['states']} states, "
               f"{row['seconds']} s)", flush=True)
     demo = [r["task_id"] for r in rows if r["demonstrator"]]
     found = [r["task_id"] for r in rows if r["solution"]]

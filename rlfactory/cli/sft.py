@@ -35,9 +35,24 @@ def sft_cmd(
     progress = Progress(TextColumn("[bold]sft[/bold] step {task.completed}/{task.total}"), BarColumn(),
                         TextColumn("loss {task.fields[loss]:.3f}  phase {task.fields[phase]}"), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console, transient=False)
+    demos = Progress(TextColumn("[bold]demos[/bold] {task.fields[name]} {task.completed}/{task.total} episodes, "
+                                "{task.fields[kept]} kept"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                     console=console, transient=True)
     bar: dict[str, Any] = {}
 
     def on_event(kind: str, info: dict[str, Any]) -> None:
+        if kind == "demo_episode":  # an environment demonstrator's episodes as they end: a bar (a line per tenth)
+            if "demos" not in bar:
+                bar["demos"] = demos.add_task("demos", total=info["total"], name=info["name"], kept=0)
+                demos.start()
+            demos.update(bar["demos"], completed=info["played"], kept=info["kept"])
+            if not console.is_terminal and info["played"] * 10 // info["total"] > \
+                    (info["played"] - 1) * 10 // info["total"]:
+                console.print(f"demos {info['name']}: {info['played']}/{info['total']} episodes, {info['kept']} kept")
+            return
+        if "demos" in bar:  # the set is made
+            demos.stop()
+            bar.pop("demos")
         if kind == "demos" and "tool" in info:
             console.print(f"demos [bold]{info['name']}[/bold]: {info['tool']} through the tool, {info['direct']} "
                           f"direct, {info['tool_errors'] + info['wrong_results']} dropped ({info['seconds']:.1f} s)")

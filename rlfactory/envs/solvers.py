@@ -7,6 +7,9 @@
   styles: `walk` (the planner's low-level steps: `turn left`, `move forward`, `toggle`, a `pickup` of what is in
   front, ...) or `macro` (AgentGym's `go to` / `pickup` / `toggle and go through` macros for each part of the goal
   they cover, the planner's steps otherwise). Each returns the actions to send, one at a time.
+- `babyai_shortest` / `BabyAISearch`: a breadth-first search over AgentGym's action words on forks of the real
+  environment, and the demonstrator (style `search`) that plays the shortest solution it finds: it goes through the
+  door that hides the target first time, which a policy seeing only its view has to guess.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import signal
 import threading
 from typing import Any
 
-from rlfactory.envs.babyai_agentgym import mission_clauses, names_object
+from rlfactory.envs.babyai_agentgym import CHECK, mission_clauses, names_object
 
 _CMD = re.compile(r"^craft (\d+) (.+?) using (.+)$")
 
@@ -209,3 +212,77 @@ class BabyAIWords:
             self.clauses.pop(0)
         if macro:  # the planner's own memory assumed it drove; after a macro it plans afresh
             self.bot = self._bot_class(self.env)
+
+
+SEARCH_STATES = 200
+"""States `BabyAISearch` expands at most per task (a count, so the same tasks are kept on any machine): the shortest
+solutions of the held-out tasks that have one within 6 actions take 4-384, most under 100; about 10 ms a state."""
+
+
+def babyai_shortest(task_id: int, max_actions: int, max_states: int | None = SEARCH_STATES,
+                    limit_s: float | None = None) -> dict[str, Any]:
+    """A shortest solution of `agentgym` BabyAI task `task_id` in at most `max_actions` action words: breadth-first
+    over every word the environment offers (but `check available actions`), on forks of the real environment;
+    states seen before are skipped. Stops at `max_states` states seen or `limit_s` seconds (None: no bound).
+    Returns {task_id, level, solution (the words, or None), stopped ("states", "time" or None), states, seconds}."""
+    import time
+
+    from rlfactory.envs.babyai import BabyAIEnv
+
+    t0 = time.perf_counter()
+    root = BabyAIEnv(task_set="agentgym")
+    root.reset(task_id)
+    out: dict[str, Any] = {"task_id": task_id, "level": root.level, "solution": None, "stopped": None}
+    frontier: list[tuple[Any, list[str]]] = [(root, [])]
+    seen = {root.state_key()}
+
+    def over() -> str | None:
+        if max_states is not None and len(seen) >= max_states:
+            return "states"
+        return "time" if limit_s is not None and time.perf_counter() - t0 > limit_s else None
+
+    for _ in range(max_actions):
+        following = []
+        for env, path in frontier:
+            for word in env.action_words():
+                if word == CHECK:
+                    continue
+                child = env.fork()
+                result = child.step(word)
+                if result.done:
+                    if result.score > 0:
+                        out["solution"] = path + [word]
+                        break
+                    continue
+                key = child.state_key()
+                if key not in seen:
+                    seen.add(key)
+                    following.append((child, path + [word]))
+            if out["solution"] or over():
+                break
+        if out["solution"]:
+            break
+        out["stopped"] = over()
+        if out["stopped"]:
+            break
+        frontier = following
+    out.update(states=len(seen), seconds=round(time.perf_counter() - t0, 1))
+    return out
+
+
+class BabyAISearch:
+    """Style `search`: plays the shortest solution `babyai_shortest` finds for an `agentgym` task within
+    `max_actions` (stuck, so dropped, when there is none within its bound)."""
+
+    def __init__(self, task_id: int, max_actions: int, max_states: int = SEARCH_STATES):
+        self.plan = list(babyai_shortest(task_id, max_actions, max_states)["solution"] or [])
+        self.stuck = not self.plan
+
+    def next_action(self) -> str:
+        if not self.plan:
+            self.stuck = True
+            return CHECK
+        return self.plan.pop(0)
+
+    def step(self, word: str) -> None:
+        pass

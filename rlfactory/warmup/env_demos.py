@@ -13,7 +13,9 @@ Solvers (rlfactory/envs/solvers.py), chosen per demo set by `policy`:
 - `textcraft`: `textcraft_plan` on the reset observation, style `plan` (reads the list) or `ask` (a `get` of each
   item first, whose answer names a craftable item's crafting command);
 - `babyai`: `BabyAIWords` on AgentGym's action words, style `walk` (the level planner's single steps) or `macro`
-  (AgentGym's go to / pickup / toggle macros where they cover the goal); a set mixes styles by `styles` weights;
+  (AgentGym's go to / pickup / toggle macros where they cover the goal), or `BabyAISearch`, style `search` (the
+  shortest solution within `max_turns - 1` words, found on forks of a private copy: it opens the right door first
+  time); a set mixes styles by `styles` weights;
 - `web`: the task's plan (rlfactory/envs/web/demonstrator.py), each step found by its id in the last observation,
   style `plan`; the task is the one the server says its `reset` opened (the `task_id` of its result, whatever the
   server's split, templates and held-out id offset), of the content seed the server's reset reports (else the
@@ -25,21 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlfactory.envs.protocol import EPISODE_ARG, close_calls, reset_call, task_env
-from rlfactory.envs.solvers import BabyAIWords, textcraft_plan
+from rlfactory.envs.solvers import BabyAISearch, BabyAIWords, textcraft_plan
 from rlfactory.rollout.gate import TrajectoryGate
 from rlfactory.tools.format import response_text
 from rlfactory.tools.types import ToolCall, ToolSpec
 from rlfactory.warmup.demos import render_tool_call
 
-ENV_POLICIES = {"textcraft": ("plan", "ask"), "babyai": ("walk", "macro"), "web": ("plan",)}
+ENV_POLICIES = {"textcraft": ("plan", "ask"), "babyai": ("walk", "macro", "search"), "web": ("plan",)}
 """Demonstrator policies for environment tasks and the styles each knows."""
 
 
 class _TextCraftSolver:
-    def __init__(self, task: dict[str, Any], style: str):
+    def __init__(self, task: dict[str, Any], style: str, max_actions: int):
         self.style = style
         self.plan: list[str] | None = None
         self.stuck = False
@@ -59,8 +61,9 @@ class _TextCraftSolver:
 
 
 class _BabyAISolver:
-    def __init__(self, task: dict[str, Any], style: str):
-        self.words = BabyAIWords(int(_env(task)["task_id"]), style)
+    def __init__(self, task: dict[str, Any], style: str, max_actions: int):
+        task_id = int(_env(task)["task_id"])
+        self.words = BabyAISearch(task_id, max_actions) if style == "search" else BabyAIWords(task_id, style)
 
     @property
     def stuck(self) -> bool:
@@ -79,7 +82,7 @@ class _BabyAISolver:
 class _WebSolver:
     """Reads every observation (`see`): each plan step's element id is found in the page it acts on."""
 
-    def __init__(self, task: dict[str, Any], style: str):
+    def __init__(self, task: dict[str, Any], style: str, max_actions: int):
         self.seed = int(_env(task).get("seed", 0))
         self.policy: Any = None
         self.observation = ""
@@ -141,7 +144,7 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
     reset = reset_call(task, specs, episode_id)
     if reset is None:
         raise ValueError(f"no `reset` tool for task {task.get('id')!r} on server {server!r}")
-    solver = _SOLVERS[policy](task, style)
+    solver = _SOLVERS[policy](task, style, max_actions=max_turns - 1)
     (opened,) = await manager.call_many([reset])
     if opened.is_error:
         return None, "reset_error"
@@ -181,10 +184,12 @@ async def play_episode(task: dict[str, Any], manager: Any, policy: str, style: s
 
 async def generate_env_demos(tasks: Sequence[dict[str, Any]], manager: Any, *, policy: str,
                              styles: dict[str, float], max_turns: int, seed: int = 0,
-                             system_prompt: str | None = None, concurrency: int = 8
+                             system_prompt: str | None = None, concurrency: int = 8,
+                             on_episode: Callable[[int, int], None] | None = None,
                              ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Demonstrations of `tasks` by `policy`, each task's style drawn by the `styles` weights. Returns the kept
-    transcripts (in task order) and counts: kept per style, and dropped by reason."""
+    transcripts (in task order) and counts: kept per style, and dropped by reason. `on_episode(played, kept)` is
+    called as each episode ends."""
     if policy not in ENV_POLICIES:
         raise ValueError(f"unknown environment demonstrator {policy!r}: use one of {', '.join(ENV_POLICIES)}")
     unknown = set(styles) - set(ENV_POLICIES[policy])
@@ -195,11 +200,17 @@ async def generate_env_demos(tasks: Sequence[dict[str, Any]], manager: Any, *, p
     names, weights = list(styles), [styles[s] for s in styles]
     drawn = [rng.choices(names, weights)[0] for _ in tasks]
     gate = TrajectoryGate.sized(concurrency, manager)
+    counts = [0, 0]  # played, kept
 
     async def one(i: int) -> tuple[dict[str, Any] | None, str]:
         async with gate.one():
-            return await play_episode(tasks[i], manager, policy, drawn[i], max_turns=max_turns,
-                                      episode_id=f"demo-{seed}-{i}")
+            outcome = await play_episode(tasks[i], manager, policy, drawn[i], max_turns=max_turns,
+                                         episode_id=f"demo-{seed}-{i}")
+        counts[0] += 1
+        counts[1] += outcome[0] is not None
+        if on_episode is not None:
+            on_episode(counts[0], counts[1])
+        return outcome
 
     outcomes = await asyncio.gather(*(one(i) for i in range(len(tasks))))
     tools = manager.openai_schemas()

@@ -136,7 +136,10 @@ async def _make_demo_set(recipe: Recipe, d: DemoSetConfig, manager: ToolManager,
         try:
             demos, stats = await generate_env_demos(
                 tasks, manager, policy=d.policy, styles=d.styles or {ENV_POLICIES[d.policy][0]: 1.0},
-                max_turns=max_turns, seed=d.seed, system_prompt=recipe.rollout.system_prompt)
+                max_turns=max_turns, seed=d.seed, system_prompt=recipe.rollout.system_prompt,
+                on_episode=(lambda played, kept: progress("demo_episode", {"name": d.name, "played": played,
+                                                                            "kept": kept, "total": len(tasks)}))
+                if progress else None)
         except ValueError as e:
             raise ConfigError(f"sft.demos ({d.name}): {e}", file=recipe.source) from e
         if not demos:

@@ -145,13 +145,15 @@ def test_babyai_reach_finds_the_hidden_target_the_demonstrator_walks_past():
     turn, go through the door, pick it up (3 actions, checked by replaying it on a fresh episode); the demonstrator,
     which walks when no macro names the target, does not finish within 6; a task whose target is in reach, does."""
     from rlfactory.envs.babyai import BabyAIEnv
+    from rlfactory.envs.solvers import babyai_shortest
 
     reach = _bench_module("babyai_reach.py", "babyai_reach_bench")
-    found = reach.search(10016, turns=3, limit_s=60)
-    assert found["solution"] is not None and len(found["solution"]) == 3 and not found["timed_out"]
+    found = babyai_shortest(10016, 3, max_states=None)
+    assert found["solution"] is not None and len(found["solution"]) == 3 and found["stopped"] is None
     env = BabyAIEnv(task_set="agentgym")
     env.reset(10016)
     results = [env.step(word) for word in found["solution"]]
     assert results[-1].done and results[-1].score > 0
-    assert reach.search(10016, turns=2, limit_s=60)["solution"] is None
+    assert babyai_shortest(10016, 2, max_states=None)["solution"] is None
+    assert babyai_shortest(10016, 3, max_states=5)["stopped"] == "states"  # a bound stops it, and says which
     assert not reach.demonstrator_solves(10016, 6) and reach.demonstrator_solves(10000, 6)

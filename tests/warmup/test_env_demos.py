@@ -33,14 +33,16 @@ def actions(demo: dict) -> list[str]:
             for m in demo["messages"] if m["role"] == "assistant"]
 
 
-def play(server: str, tasks: list[dict], styles: dict[str, float], max_turns: int = 9):
+def play(server: str, tasks: list[dict], styles: dict[str, float], max_turns: int = 9,
+         on_episode=None):
     from rlfactory.tools.manager import ToolManager
     from rlfactory.warmup.env_demos import generate_env_demos
 
     async def go():
         async with ToolManager.from_recipe(ToolsConfig(mcp_configs=[CONFIG], servers=[server])) as manager:
             demos, stats = await generate_env_demos(tasks, manager, policy=server, styles=styles,
-                                                    max_turns=max_turns, seed=3, system_prompt="Play.")
+                                                    max_turns=max_turns, seed=3, system_prompt="Play.",
+                                                    on_episode=on_episode)
             (conn,) = manager.servers[server].connections
             res = await conn.session.read_resource("rlfactory://episodes")
             return demos, stats, json.loads(res.contents[0].text)
@@ -86,6 +88,47 @@ def test_babyai_demos_are_real_successful_episodes_in_both_styles(babyai_demos):
         assert all("episode_id" not in m["content"] for m in d["messages"])  # filled in, never shown
         assert {t["function"]["name"] for t in d["tools"]} == {"reset", "step", "observe", "close"}
     assert open_after["open"] == 0  # every demonstration closed its episode
+
+
+def test_search_demos_open_the_door_that_hides_the_target():
+    """Style `search` plays the shortest solution found on forks of a private copy, through the real server: on task
+    10016 (a purple ball behind a closed door, out of sight) it turns, goes through the door and picks the ball up
+    (3 actions), where the macro demonstrator does not finish within 6; task 10000 takes its 2. A bound of 2 actions
+    drops 10016 as stuck."""
+    tasks = [r for r in rows("babyai_agentgym_val.jsonl", 32) if r["env"]["task_id"] in (10000, 10016)]
+    demos, stats, open_after = play("babyai", tasks, {"search": 1.0}, max_turns=7)
+    assert [d["actions"] for d in demos] == [2, 3] and stats == {"search": 2}
+    assert actions(demos[1])[1:] == ["toggle and go through green closed door 1", "pickup purple ball 1"]
+    assert "done=true" in demos[1]["messages"][-1]["content"] and open_after["open"] == 0
+    _, macro, _ = play("babyai", tasks, {"macro": 1.0}, max_turns=7)
+    assert macro.get("macro") == 1 and macro.get("dropped_too_long", 0) + macro.get("dropped_solver_stuck", 0) == 1
+    ended: list[tuple[int, int]] = []
+    short, stats, _ = play("babyai", tasks, {"search": 1.0}, max_turns=3,
+                           on_episode=lambda played, kept: ended.append((played, kept)))
+    assert [d["actions"] for d in short] == [2] and stats.get("dropped_solver_stuck") == 1
+    assert [played for played, _ in ended] == [1, 2] and ended[-1][1] == 1  # told as each episode ends
+
+
+def test_the_search_warm_start_recipe_runs_end_to_end_through_the_cli(tmp_path):
+    """`rlfactory sft recipes/babyai_learn_search_sft.yaml`, cut to 4 tasks and 3 steps: search demonstrations
+    through the real server (a line per tenth of the episodes in a log), the namer's weights trained, a model
+    folder written and checked."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "searcher"
+    sets = ["sft.demos.0.n=4", "sft.phases.0.steps=3", "sft.check.tasks=2", f"sft.work_dir={tmp_path / 'work'}"]
+    proc = subprocess.run([sys.executable, "-m", "rlfactory.cli", "sft", "recipes/babyai_learn_search_sft.yaml",
+                           "--output-dir", str(out), *[x for s in sets for x in ("--set", s)]],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]  # 2: 3 steps make no usable start
+    log = proc.stdout
+    assert "demos search: 4/4 episodes" in log and "demos search: kept " in log, log[-3000:]
+    assert (out / "model.safetensors").exists()
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["made_by"].endswith("babyai_learn_search_sft.yaml")
+    kept = [json.loads(x) for x in (tmp_path / "work" / "demos" / "search.jsonl").read_text().splitlines()]
+    assert kept and all(d["style"] == "search" for d in kept)
 
 
 @pytest.mark.parametrize("style", ["plan", "ask"])
@@ -184,7 +227,7 @@ def test_sft_section_names_what_an_environment_demo_set_lacks():
         load_sft_recipe(recipe, ["sft.demos.0.tasks_file=null"])
     assert "sft.demos.0" in " ".join(e.value.problems) and "set tasks_file" in " ".join(e.value.problems)
     _, sft = load_sft_recipe(recipe, ["sft.demos.0.styles={run: 1.0}"])
-    with pytest.raises(ValueError, match="babyai demonstrations know the styles walk, macro; got run"):
+    with pytest.raises(ValueError, match="babyai demonstrations know the styles walk, macro, search; got run"):
         play("babyai", rows("babyai_agentgym_train.jsonl", 1), dict(sft.demos[0].styles))
 
 
