@@ -50,8 +50,11 @@ def tree_mb(root: psutil.Process) -> tuple[float, float]:
 def server_process() -> psutil.Process:
     me = psutil.Process()
     for child in me.children(recursive=True):
-        if "rlfactory.envs.tools.web" in " ".join(child.cmdline()):
-            return child
+        try:
+            if "rlfactory.envs.tools.web" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:  # a browser helper that exited (a zombie) or is gone: not the server
+            continue
     raise RuntimeError("the web server process was not found among this process's children")
 
 
@@ -81,7 +84,8 @@ async def run(episodes: int, steps: int) -> dict:
             ep = f"e{k % episodes}"
             if k % 3 == 2:
                 _, obs = await call("observe", ep)
-                m = re.search(r"\[(\d+)\] link '", obs.structured.get("observation", "") if obs.structured else obs.text)
+                page = obs.structured.get("observation", "") if obs.structured else obs.text
+                m = re.search(r"\[(\d+)\] link '", page)
                 action = f"click [{m.group(1)}]" if m else "scroll [down]"
             else:
                 action = "scroll [down]" if k % 3 == 0 else "scroll [up]"

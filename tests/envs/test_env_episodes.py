@@ -6,7 +6,7 @@ import gc
 import threading
 import tracemalloc
 
-import psutil
+from child_processes import running_children
 
 from rlfactory.envs.episodes import EpisodeRegistry
 from rlfactory.envs.mcp_server import EpisodeKeys
@@ -151,7 +151,7 @@ def test_thousands_of_episodes_in_process_do_not_grow_memory():
 
 
 def _server_rss(script: str) -> int:
-    procs = [p for p in psutil.Process().children(recursive=True) if script in " ".join(p.cmdline())]
+    procs = running_children(script)
     assert len(procs) == 1, procs
     return procs[0].memory_info().rss
 

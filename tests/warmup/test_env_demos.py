@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from child_processes import running_children
 from replay_engine import ReplayEngine
 from shipped_models import shipped_summary
 
@@ -144,10 +145,7 @@ def test_textcraft_demos_follow_the_plan_through_the_real_server(style):
 
 def _textcraft_servers() -> int:
     """TextCraft MCP servers running under this process."""
-    import psutil
-
-    return sum(1 for c in psutil.Process().children(recursive=True)
-               if "rlfactory.envs.tools.textcraft" in " ".join(c.cmdline()))
+    return len(running_children("rlfactory.envs.tools.textcraft"))
 
 
 def test_a_demo_set_plays_through_its_own_servers_with_the_same_tools(tmp_path):
