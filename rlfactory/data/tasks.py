@@ -4,7 +4,9 @@ whose position is part of a checkpoint (so a resumed run sees the same prompts i
 A task is `{"id", "prompt", "answer", "metadata", "system_prompt"?}`: `prompt` is a string or chat messages,
 `metadata` holds the row's other fields (or `data.metadata_fields`); a row's `images` (picture files, shown in
 its first user turn: rollout/images.py) are resolved against the data file's folder.
-Left out: streaming datasets, shuffling buffers, curriculum ordering.
+The sampler can leave out, for some epochs, tasks whose last group scored alike (`data.skip_settled_epochs`; the
+rule of what counts is curriculum.py's).
+Left out: streaming datasets, shuffling buffers, ordering by difficulty.
 """
 from __future__ import annotations
 
@@ -73,7 +75,12 @@ def load_tasks(path: str | Path, data: DataConfig, limit: int | None = None) -> 
 
 
 class TaskSampler:
-    """Epoch-wise seeded permutations of task indices. `state()`/`load_state()` capture the position exactly."""
+    """Epoch-wise seeded permutations of task indices. `state()`/`load_state()` capture the position exactly.
+
+    `set_aside(indices, epochs)` leaves tasks out of the next `epochs` whole epochs: `next` passes over them (counted
+    in `draws_skipped`). An epoch is a pass over the permutation, so when most tasks sit out, epochs are short and
+    the tasks come back soon: the draws never narrow to a few tasks for long. When every task is set aside, draws go
+    on in the permutation's order rather than stop."""
 
     def __init__(self, n_tasks: int, seed: int):
         self.n = n_tasks
@@ -82,6 +89,9 @@ class TaskSampler:
         self.pos = 0
         self._order = self._permutation(0)
         self._other: tuple[int, list[int]] | None = None  # another epoch's order, for `at`
+        self.aside: dict[int, int] = {}
+        """Task index -> the first epoch it is drawn in again."""
+        self.draws_skipped = 0
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(self.n))
@@ -89,19 +99,44 @@ class TaskSampler:
         return order
 
     def next(self, k: int) -> list[int]:
-        """The next k task indices (crossing into the next epoch's permutation as needed)."""
-        out = []
+        """The next k task indices (crossing into the next epoch's permutation as needed), passing over the tasks set
+        aside."""
+        out: list[int] = []
+        passed = 0  # tasks passed over since the last draw: a whole permutation's worth means all are set aside
         while len(out) < k:
             if self.pos >= self.n:
                 self.epoch += 1
                 self.pos = 0
                 self._order = self._permutation(self.epoch)
-            out.append(self._order[self.pos])
+            i = self._order[self.pos]
             self.pos += 1
+            if self.aside.get(i, 0) > self.epoch and passed < self.n:
+                passed += 1
+                self.draws_skipped += 1
+                continue
+            passed = 0
+            out.append(i)
         return out
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
+    def set_aside(self, indices: list[int], epochs: int) -> None:
+        """Leave `indices` out of the next `epochs` whole epochs (the one under way is not whole: it does not count)."""
+        for i in indices:
+            self.aside[i] = self.epoch + epochs + 1
+
+    def bring_back(self) -> None:
+        """Every task set aside is drawable again (what set it aside no longer holds)."""
+        self.aside.clear()
+
+    def tasks_set_aside(self) -> int:
+        """Tasks that `next` passes over now."""
+        return sum(1 for back in self.aside.values() if back > self.epoch)
+
+    def state(self) -> dict[str, Any]:
+        st: dict[str, Any] = {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
+        if self.aside or self.draws_skipped:
+            st.update(aside={str(i): e for i, e in self.aside.items() if e > self.epoch},
+                      draws_skipped=self.draws_skipped)
+        return st
 
     def absolute_position(self) -> int:
         """How many draws `next` has made since the start (the index of the next draw)."""
@@ -109,7 +144,7 @@ class TaskSampler:
 
     def at(self, draw: int) -> int:
         """The task index of draw number `draw` (0-based), as `next` would return it: asynchronous runs draw out
-        of order."""
+        of order (and set nothing aside)."""
         epoch, pos = divmod(draw, self.n)
         if epoch == self.epoch:
             return self._order[pos]
@@ -124,9 +159,11 @@ class TaskSampler:
             self.epoch = epoch
             self._order = self._permutation(epoch)
 
-    def load_state(self, st: dict[str, int]) -> None:
+    def load_state(self, st: dict[str, Any]) -> None:
         if st.get("n") != self.n:
             raise ConfigError(f"the checkpoint was made with {st.get('n')} training tasks, the data file now has "
                               f"{self.n}; resume with the same data.train_file")
         self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
         self._order = self._permutation(self.epoch)
+        self.aside = {int(i): int(e) for i, e in st.get("aside", {}).items()}
+        self.draws_skipped = int(st.get("draws_skipped", 0))

@@ -229,6 +229,11 @@ def cross_field_problems(r: Recipe) -> list[str]:
     if r.engine == "verl" and t.max_staleness_steps > 1:
         p.append(f"trainer.max_staleness_steps is {t.max_staleness_steps}: engine verl trains at most one step off "
                  f"policy (verl's colocate_async trainer); use 0 or 1")
+    if r.data.skip_settled_epochs and (r.engine == "verl" or t.max_staleness_steps >= 1):
+        where = "engine verl" if r.engine == "verl" else f"trainer.max_staleness_steps {t.max_staleness_steps}"
+        p.append(f"data.skip_settled_epochs is {r.data.skip_settled_epochs} with {where}: only the local engine's "
+                 f"synchronous loop sets tasks aside (the others draw tasks ahead of their results); use 0 there, or "
+                 f"engine: local with trainer.max_staleness_steps: 0")
     if r.engine == "verl" and a.turn_credit.estimator != "none":
         p.append(f"algorithm.turn_credit.estimator is {a.turn_credit.estimator!r}: engine verl computes one advantage "
                  f"per trajectory (its own GRPO estimator) and cannot take per-turn advantages yet; use engine: local "

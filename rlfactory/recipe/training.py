@@ -87,6 +87,11 @@ class DataConfig(Section):
     """Optional row field with a per-task system prompt (overrides `rollout.system_prompt`)."""
     max_val_tasks: int | None = Field(None, ge=1)
     """Use at most this many validation tasks (the first ones), to keep evaluation short."""
+    skip_settled_epochs: int = Field(0, ge=0)
+    """A training task whose last group's samples all scored alike (all solved or all failed: GRPO learns nothing from
+    it) sits out the next N whole epochs of draws, then is drawn again; all come back when the horizon schedule
+    lengthens the episodes. The rollouts go to tasks that still teach something. 0 = every task in every epoch. Local
+    engine, synchronous loop only."""
 
 
 # ------------------------------------------------------------------------------------------------------ algorithm

@@ -125,6 +125,11 @@ LOCAL_METRICS: tuple[Metric, ...] = (
            "trajectories", ALL, "branched groups (`rollout.branching`)"),
     Metric("rollout/branch_shared_tokens", "Tokens the branches shared with their roots (sampled once, by the "
            "root).", "tokens", ALL, "branched groups (`rollout.branching`)"),
+    Metric("data/tasks_set_aside", "Training tasks the sampler passes over now: their last group's samples all "
+           "scored alike, so they sit out `data.skip_settled_epochs` epochs.", "tasks", ("sync",),
+           "`data.skip_settled_epochs` > 0"),
+    Metric("data/draws_skipped", "Draws passed over since the run began, because their task was set aside.",
+           "draws", ("sync",), "`data.skip_settled_epochs` > 0"),
     Metric("rollout/advantage_abs_mean", "Mean absolute advantage over the response tokens of the batch.", "", LOCAL),
     Metric("rollout/groups_all_same_reward", "GRPO groups whose samples all got the same reward (zero advantage: "
            "nothing to learn from them).", "groups", LOCAL),
@@ -283,8 +288,9 @@ VERL_METRICS: tuple[Metric, ...] = (
            "`update_weights`, `save_checkpoint`, `step`, ...).", "s", _VERL),
     Metric("timing_per_token_ms/<stage>", "Milliseconds per token of one of verl's stages.", "ms", _VERL),
     Metric("training/<name...>", "verl's trainer: `epoch`, `global_step`, `num_turns/*`, the rollout / actor "
-           "probability agreement (`rollout_actor_probs_pearson_corr`, `rollout_probs_diff_*`), and the policy versions "
-           "behind the trained batch (`off_policy/trajectory_staleness*`, `off_policy/trajectory_spans/*`).", "",
+           "probability agreement (`rollout_actor_probs_pearson_corr`, `rollout_probs_diff_*`), and the policy "
+           "versions behind the trained batch (`off_policy/trajectory_staleness*`, `off_policy/trajectory_spans/*`).",
+           "",
            _VERL),
     Metric("global_seqlen/<stat>", "Tokens per data-parallel rank after verl's balancing (min, max, mean, "
            "balanced_min, balanced_max, minmax_diff).", "tokens", _VERL),

@@ -2,6 +2,7 @@
 
     sample prompts -> rollouts (AgentLoop, current weights) -> rewards -> GRPO update (+ KL to a frozen reference)
     -> (vLLM engine: the new weights sent to it)
+    (with `data.skip_settled_epochs`, the draws pass over tasks whose last group scored alike: data/curriculum.py)
 
 `SyncSteps` runs one step; the run around it (run folder, metrics, eval, checkpoints, outages, SIGTERM) is the
 scaffold both loops share (run.py). With the HF engine the rollouts generate with the trainer's own model object,
@@ -18,11 +19,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from rlfactory.data.curriculum import settled_draws
 from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.step_row import step_row
 from rlfactory.rollout.engines.protocol import engine_counters
 from rlfactory.rollout.horizon import horizon_for_step, stage_for_step
+from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide, open_rollout_side
 from rlfactory.trainer.outage import Verdict
 from rlfactory.trainer.run import StageTimer, StepOutcome, TrainingRun
@@ -49,8 +52,11 @@ class SyncSteps:
         run, side = self.run, self.side
         r, t = run.recipe, run.recipe.trainer
         with timer("sample"):
-            tasks = [run.tasks[i] for i in run.sampler.next(t.prompts_per_step)]
             horizon = horizon_for_step(r.rollout.horizon, index)
+            if index and horizon != horizon_for_step(r.rollout.horizon, index - 1):
+                run.sampler.bring_back()  # a task every sample failed in fewer turns may be solved in more
+            draws = run.sampler.next(t.prompts_per_step)
+            tasks = [run.tasks[i] for i in draws]
         engine0 = engine_counters(side.engine)
         side.engine.policy_version = index  # stamps the tokens: this step's weights
         with timer("rollout"):
@@ -61,6 +67,7 @@ class SyncSteps:
             return StepOutcome(verdict, trajs)
         with timer("reward"):
             rew_m = await side.rewards.score(trajs)
+        data_m = self._set_aside(draws, trajs)
         with timer("update"):
             upd_m = await asyncio.to_thread(run.update.whole_batch, trajs)
         if not side.shares_policy:
@@ -69,8 +76,18 @@ class SyncSteps:
         # the engine's compute inside the rollout stage (the rest of it is waiting on tools)
         perf = {f"perf/{k}": v - engine0[k] for k, v in engine_counters(side.engine).items()}
         row = step_row(index + 1, trajectories=trajs, reward=rew_m, horizon=horizon,
-                       horizon_stage=stage_for_step(r.rollout.horizon, index), rollout=roll_m, parts=[upd_m, perf])
+                       horizon_stage=stage_for_step(r.rollout.horizon, index), rollout=roll_m,
+                       parts=[upd_m, perf, data_m])
         return StepOutcome(verdict, trajs, row)
+
+    def _set_aside(self, draws: list[int], trajs: list[Trajectory]) -> dict[str, float]:
+        """`data.skip_settled_epochs`: the drawn tasks whose groups scored alike are left out of the next epochs."""
+        epochs, sampler = self.run.recipe.data.skip_settled_epochs, self.run.sampler
+        if not epochs:
+            return {}
+        sampler.set_aside(settled_draws(draws, trajs), epochs)
+        return {"data/tasks_set_aside": float(sampler.tasks_set_aside()),
+                "data/draws_skipped": float(sampler.draws_skipped)}
 
     async def after_skip(self, outcome: StepOutcome) -> None:
         return None

@@ -111,6 +111,7 @@ def test_every_credit_bench_method_is_a_valid_recipe_and_returns_weights_the_pro
             if name == "returns":
                 assert recipe.algorithm.turn_credit.estimator == "returns"
                 assert weights["env_progress"] == 0.2, env
+            assert recipe.data.skip_settled_epochs == (credit.SKIP_EPOCHS if name == "skip" else 0), (env, name)
 
 
 def test_an_evals_solved_tasks_are_read_from_success_not_from_a_weighted_reward(horizons, tmp_path):
