@@ -23,7 +23,7 @@ out of reach). Methods (recipe overrides):
   turn), with the environment's progress as a process reward (`PROGRESS`: `env_progress` at weight 0.2; BabyAI's
   mission objects found, TextCraft's craftable ingredients crafted); not in `--ablation`;
 - `skip`: flat GRPO whose draws pass over the tasks whose last group scored alike, for `SKIP_EPOCHS` epochs' worth
-  of draws (`data.skip_settled_epochs`, data/curriculum.py): more of the budget on groups with a signal; not in
+  of draws (`data.skip_settled_epochs`, trainer/settled.py): more of the budget on groups with a signal; not in
   `--ablation`.
 `--method` names the shipped one (the `<env>_method` keys); `--ablation` runs the other two as well.
 Reported per method and environment, means over the seeds: held-out greedy success of the last checkpoint, the

@@ -8,6 +8,7 @@ NAMESPACES = {
     "step": "The row's own keys",
     "reward": "`reward/`: the reward functions",
     "rollout": "`rollout/`: the step's trajectories",
+    "data": "`data/`: the tasks drawn",
     "credit": "`credit/`: credit per turn",
     "tools": "`tools/`: tool calls",
     "loss": "`loss/`: the update",

@@ -5,7 +5,7 @@ A task is `{"id", "prompt", "answer", "metadata", "system_prompt"?}`: `prompt` i
 `metadata` holds the row's other fields (or `data.metadata_fields`); a row's `images` (picture files, shown in
 its first user turn: rollout/images.py) are resolved against the data file's folder.
 The sampler can leave out, for some epochs, tasks whose last group scored alike (`data.skip_settled_epochs`; the
-rule of what counts is curriculum.py's).
+rule of what counts is trainer/settled.py's).
 Left out: streaming datasets, shuffling buffers, ordering by difficulty.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     sample prompts -> rollouts (AgentLoop, current weights) -> rewards -> GRPO update (+ KL to a frozen reference)
     -> (vLLM engine: the new weights sent to it)
-    (with `data.skip_settled_epochs`, the draws pass over tasks whose last group scored alike: data/curriculum.py)
+    (with `data.skip_settled_epochs`, the draws pass over tasks whose last group scored alike: trainer/settled.py)
 
 `SyncSteps` runs one step; the run around it (run folder, metrics, eval, checkpoints, outages, SIGTERM) is the
 scaffold both loops share (run.py). With the HF engine the rollouts generate with the trainer's own model object,
@@ -19,7 +19,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rlfactory.data.curriculum import settled_draws
 from rlfactory.data.seeds import mix_seed
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.step_row import step_row
@@ -29,6 +28,7 @@ from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.rollout_side import RolloutSide, open_rollout_side
 from rlfactory.trainer.outage import Verdict
 from rlfactory.trainer.run import StageTimer, StepOutcome, TrainingRun
+from rlfactory.trainer.settled import settled_draws
 
 
 class SyncSteps:

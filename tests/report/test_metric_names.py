@@ -51,6 +51,8 @@ NOT_SEEN = {
        "tests/rollout/test_rollout_images.py and tests/trainer/test_vl_training_cli.py write them)"
        for e in ENGINES for name in ("tools/images", "tools/image_bytes", "rollout/images_mean",
                                      "rollout/image_tokens_mean") if not (e == "verl" and "rollout/" in name)},
+    **{("sync", name): "a run with data.skip_settled_epochs (tests/trainer/test_skip_settled.py writes them)"
+       for name in ("data/tasks_set_aside", "data/draws_skipped")},
     ("async", "perf/wait_s"): "the trainer waits for groups or not, by timing",
     ("async", "perf/wait_jobs_s"): "the generator takes update jobs or not, by timing",
     **{("verl", name): "the recorded verl runs had none (no raising reward, branching, KL, verl reward stage, "

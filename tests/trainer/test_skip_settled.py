@@ -13,9 +13,9 @@ import yaml
 from cli_runs import rlf, sets
 from run_metrics import assert_same_metrics, rows_of
 
-from rlfactory.data.curriculum import settled_draws
 from rlfactory.data.tasks import TaskSampler
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory
+from rlfactory.trainer.settled import settled_draws
 
 
 def _epochs(sampler: TaskSampler, n_epochs: int) -> list[list[int]]:
