@@ -290,8 +290,7 @@ VERL_METRICS: tuple[Metric, ...] = (
     Metric("training/<name...>", "verl's trainer: `epoch`, `global_step`, `num_turns/*`, the rollout / actor "
            "probability agreement (`rollout_actor_probs_pearson_corr`, `rollout_probs_diff_*`), and the policy "
            "versions behind the trained batch (`off_policy/trajectory_staleness*`, `off_policy/trajectory_spans/*`).",
-           "",
-           _VERL),
+           "", _VERL),
     Metric("global_seqlen/<stat>", "Tokens per data-parallel rank after verl's balancing (min, max, mean, "
            "balanced_min, balanced_max, minmax_diff).", "tokens", _VERL),
     Metric("prompt_length/<stat>", "verl's prompt lengths (min, max, mean, clip_ratio).", "tokens", _VERL),

@@ -1,11 +1,10 @@
 """Which drawn training tasks gave GRPO nothing to learn from: those whose group's samples all scored alike (all
 solved, or all failed). The sampler (data/tasks.py) leaves such a task out of the next `data.skip_settled_epochs` whole
 epochs of draws, then draws it again, since the policy has moved by then. An epoch is a pass over the tasks still
-drawn, so it shortens as more sit out and they come back sooner: counting draws instead (N x the number of tasks)
-let a BabyAI run narrow to the last 16 of its 512 tasks, where its training success rose to 0.7 and its held-out
-success did not move (bench/README.md). When the horizon schedule lets episodes run longer (ScalingInter-RL's next
-stage), every task set aside comes back at once: a task that every sample failed in 3 turns may be solved in 6 (the
-synchronous loop, trainer/loop.py, does that).
+drawn, so it shortens as more sit out and they come back sooner; counting draws instead (N x the number of tasks)
+let the draws narrow to a handful of tasks that the policy then overfitted (bench/README.md). When the horizon
+schedule lets episodes run longer (ScalingInter-RL's next stage), every task set aside comes back at once: a task
+that every sample failed in 3 turns may be solved in 6 (the synchronous loop, trainer/loop.py, does that).
 
 GRESO (Zheng et al., 2025, "Act Only When It Pays") measured that a prompt whose samples scored alike in one epoch
 very likely scores alike in the next, and skips such prompts with a probability it adapts. This is the deterministic
