@@ -7,12 +7,24 @@ from __future__ import annotations
 import psutil
 
 
-def running_children(marker: str) -> list[psutil.Process]:
-    """Live descendants of this process whose command line contains `marker`."""
+def live_children() -> list[psutil.Process]:
+    """Descendants of this process that are running (not zombies, not gone while the list is read)."""
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if c.status() != psutil.STATUS_ZOMBIE and marker in " ".join(c.cmdline()):
+            if c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def running_children(marker: str) -> list[psutil.Process]:
+    """Live descendants of this process whose command line contains `marker`."""
+    out = []
+    for c in live_children():
+        try:
+            if marker in " ".join(c.cmdline()):
                 out.append(c)
         except psutil.Error:  # gone, a zombie by now, or not ours to read: not one of ours running
             pass

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+from child_processes import live_children
 
 SERVERS = Path(__file__).parent / "servers"
 TOOLBOX = SERVERS / "toolbox.py"
@@ -28,14 +29,7 @@ def write_config(path: Path, servers: dict) -> Path:
 
 def child_pids() -> set[int]:
     """Live (non-zombie) descendants of this test process."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return {p.pid for p in live_children()}
 
 
 def leftover_children(before: set[int], limit_s: float = 30.0) -> dict[int, str]:

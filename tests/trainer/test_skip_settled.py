@@ -113,8 +113,7 @@ def setup(tiny_setup_master, tmp_path_factory) -> tuple[Path, list[str]]:
     ids = [json.loads(r)["id"] for r in rows]
     assert 0 < sum(map(_settled, ids)) < 6, ids  # the split has both kinds
     recipe = yaml.safe_load((tiny_setup_master / "recipe.yaml").read_text())
-    for key in ("model", ):
-        recipe[key]["path"] = str(tiny_setup_master / recipe[key]["path"])
+    recipe["model"]["path"] = str(tiny_setup_master / recipe["model"]["path"])
     recipe["tools"]["mcp_configs"] = [str(tiny_setup_master / "mcp.json")]
     recipe["data"] = {"train_file": str(root / "train.jsonl"), "skip_settled_epochs": 1}
     recipe["rewards"]["functions"] = [{"function": f"{root / 'half.py'}:half_settled", "weight": 1.0}]
