@@ -131,8 +131,9 @@ LOCAL_METRICS: tuple[Metric, ...] = (
     Metric("data/draws_skipped", "Draws passed over since the run began, because their task was set aside.",
            "draws", ("sync",), "`data.skip_settled_epochs` > 0"),
     Metric("rollout/advantage_abs_mean", "Mean absolute advantage over the response tokens of the batch.", "", LOCAL),
-    Metric("rollout/groups_all_same_reward", "GRPO groups whose samples all got the same reward (zero advantage: "
-           "nothing to learn from them).", "groups", LOCAL),
+    Metric("rollout/groups_all_same_reward", "GRPO groups whose samples all got the same reward as trained (zero "
+           "advantage: nothing to learn from them). Infrastructure failures are left out; a sample whose reward "
+           "function raised counts at its failure value (trainer/settled.py).", "groups", LOCAL),
     Metric("rollout/trained_tokens", "Response tokens in the loss (infrastructure failures left out).", "tokens",
            LOCAL),
     Metric("rollout/trained_on_infra_failures", "Infrastructure failures that still had a trained token: 0 unless "

@@ -49,11 +49,14 @@ REASONS: dict[str, str] = {
     "trainer.seed": "the remaining steps' prompts and sampling seeds come from the saved run's seed",
     "model.": "the checkpoint holds the saved model's weights",
     "tokenizer.": "the trained tokens are the saved tokenizer's",
+    "data.skip_settled_epochs": "the checkpoint's sampler set tasks aside for the saved number of epochs, so the "
+                                "remaining draws would not be the saved run's",
     "data.": "the data position in the checkpoint is one of the saved data",
     "rewards.": "the saved steps were scored by the saved rewards",
     "engine": "the checkpoint is the saved engine's",
 }
-"""Why a refused field cannot change (by field or prefix); others get the general reason below."""
+"""Why a refused field cannot change (by field or prefix; the first match wins, so a field comes before its
+prefix); others get the general reason below."""
 GENERAL_REASON = "it changes what the run trains on, so the resumed steps would not continue the saved run"
 
 

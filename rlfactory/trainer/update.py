@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -40,6 +39,7 @@ from rlfactory.recipe.training import OffPolicyConfig
 from rlfactory.rollout.trajectory import Trajectory
 from rlfactory.trainer.micro_batches import length_buckets
 from rlfactory.trainer.policy import Policy
+from rlfactory.trainer.settled import groups_of, scored_alike
 
 SUMMED = ("loss/pg", "loss/total", "loss/kl")
 """Micro-batch metrics that are pieces of the mini-batch loss (summed); the others are averaged."""
@@ -213,10 +213,8 @@ class Update:
         out["loss/grad_norm"] = _mean(grad_norms)
         out["loss/lr"] = self.policy.scheduler.get_last_lr()[0]
         out["rollout/advantage_abs_mean"] = adv_abs_mean
-        groups: dict[Any, list[float]] = {}
-        for t in kept:
-            groups.setdefault(t.group_id, []).append(t.reward or 0.0)
-        out["rollout/groups_all_same_reward"] = float(sum(1 for v in groups.values() if max(v) == min(v)))
+        out["rollout/groups_all_same_reward"] = float(sum(
+            1 for g in groups_of(kept).values() if scored_alike(g, as_trained=True)))
         out["rollout/trained_tokens"] = float(tokens)
         out["rollout/trained_on_infra_failures"] = float(trained_on_infra)
         out["rollout/rows_with_signal"] = float(rows_with_signal)

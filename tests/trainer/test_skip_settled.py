@@ -15,7 +15,7 @@ from run_metrics import assert_same_metrics, rows_of
 
 from rlfactory.data.tasks import TaskSampler
 from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory
-from rlfactory.trainer.settled import settled_draws
+from rlfactory.trainer.settled import groups_of, scored_alike, settled_draws
 
 
 def _epochs(sampler: TaskSampler, n_epochs: int) -> list[list[int]]:
@@ -77,6 +77,16 @@ def test_settled_groups_are_the_ones_whose_scored_samples_agree():
     assert settled_draws([10, 11, 12, 13, 14], trajs) == [10, 12, 14]
     with pytest.raises(ValueError, match="5 tasks were drawn but the batch holds 4 groups"):
         settled_draws([1, 2, 3, 4, 5], trajs[:8])
+
+
+def test_the_update_counts_a_raised_reward_at_its_failure_value_and_the_task_judgement_does_not():
+    # The failure value (0.0) beside a solved sample: a spread the update trains on, but one real outcome only.
+    g = [_traj("f", 1.0), _traj("f", 0.0, reward_failed=True)]
+    assert scored_alike(g) and not scored_alike(g, as_trained=True)
+    g = [_traj("h", 0.0), _traj("h", 0.0, reward_failed=True), _traj("h", 1.0, infra=True)]
+    assert scored_alike(g) and scored_alike(g, as_trained=True)  # neither counts the infrastructure failure
+    assert not scored_alike([_traj("i", 1.0, infra=True)], as_trained=True)  # nothing left: not alike
+    assert list(groups_of(g + [_traj("j", 1.0)])) == ["h", "j"]
 
 
 @pytest.mark.parametrize("override,where", [("trainer.max_staleness_steps=1", "trainer.max_staleness_steps 1"),

@@ -157,12 +157,15 @@ def test_resume_applies_the_changes_it_can_and_refuses_the_rest(straight_run, ti
     recipe = str(tiny_setup_master / "recipe.yaml")
     before = (out / "metrics.jsonl").read_bytes()
     refused = rlf("train", recipe, "--output-dir", str(out), "--resume", "--set", "trainer.seed=7",
-                  "--set", "rollout.sampling.temperature=0.5", "--set", f"trainer.total_steps={STEPS + 1}", timeout=120)
+                  "--set", "rollout.sampling.temperature=0.5", "--set", f"trainer.total_steps={STEPS + 1}",
+                  "--set", "data.skip_settled_epochs=2", timeout=120)
     msg = " ".join(refused.stderr.split())
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert ("trainer.seed: 0 -> 7 (the remaining steps' prompts and sampling seeds come from the saved run's seed)"
             in msg)
     assert "rollout.sampling.temperature: 1.0 -> 0.5 (it changes what the run trains on" in msg
+    assert ("data.skip_settled_epochs: 0 -> 2 (the checkpoint's sampler set tasks aside for the saved number of "
+            "epochs" in msg)
     assert "nothing was started" in msg
     assert "trainer.total_steps" not in msg  # that one a resume can apply
     assert (out / "metrics.jsonl").read_bytes() == before and not (out / "resumes.jsonl").exists()

@@ -158,8 +158,13 @@ async def vllm_engine(model_dir):
     await engine.close()
 
 
+def _hf_engine(model, tok) -> HFEngine:
+    """The reference: the HF engine on the same model and image processor (close it after use)."""
+    return HFEngine(model, pad_token_id=PAD, eos_token_ids=[], device="cpu", vision=tok.rlfactory_vision)
+
+
 async def _hf(model, tok, prompts) -> list:
-    engine = HFEngine(model, pad_token_id=PAD, eos_token_ids=[], device="cpu", vision=tok.rlfactory_vision)
+    engine = _hf_engine(model, tok)
     try:
         return await asyncio.gather(*[engine.generate(ids, GREEDY, images=shown or None) for ids, shown in prompts])
     finally:
@@ -230,7 +235,7 @@ async def test_an_agent_loop_rollout_with_a_picture_is_the_hf_engines(vllm_engin
     cfg = RolloutConfig(max_context_tokens=1024, max_response_tokens=64,
                         sampling={"temperature": 0.0, "max_new_tokens_per_turn": 12})
     task = {"prompt": "What number?", "id": "pic", "images": [{"data_b64": picture("42", 14).data_b64}]}
-    hf = HFEngine(vl_model, pad_token_id=PAD, eos_token_ids=[], device="cpu", vision=vl_tok.rlfactory_vision)
+    hf = _hf_engine(vl_model, vl_tok)
     try:
         ours, want = [await AgentLoop(engine, None, chat, cfg).run_one(task, horizon=1, seed=0)
                       for engine in (vllm_engine, hf)]
