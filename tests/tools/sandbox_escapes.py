@@ -52,10 +52,19 @@ def sleep_for_ever():
 
 
 def setsid_sleep(say_ready: bool = True) -> str:
-    """The issue's snippet: the main process leaves its session and outsleeps the timeout. `say_ready=False` leaves
-    out its one print, for a server killed mid-call: a print after the server's end of the pipe closed would end the
-    snippet with a BrokenPipeError, so whether it survives would depend on how fast it reached its print."""
-    return KIT + "detach()\n" + ("print('ready', flush=True)\n" if say_ready else "") + "sleep_for_ever()\n"
+    """The issue's snippet: the main process leaves its session and outsleeps the timeout. `say_ready=False`, for a
+    server killed mid-call, writes a file `ready` in its working directory (the call's scratch) instead of its one
+    print: a print after the server's end of the pipe closed would end the snippet with a BrokenPipeError, so whether
+    it survives would depend on how fast it reached its print (`snippet_ready` finds the file)."""
+    ready = "print('ready', flush=True)\n" if say_ready else "open('ready', 'w').close()\n"
+    return KIT + "detach()\n" + ready + "sleep_for_ever()\n"
+
+
+def snippet_ready(marker: Path) -> bool:
+    """Whether a `setsid_sleep(say_ready=False)` snippet of a server whose TMPDIR is `marker` has detached and is
+    sleeping: its scratch (`<marker>/rlf-python-*/work`) holds `ready`. A process naming `marker` may still be the
+    call's wrapper starting up."""
+    return any(marker.glob("rlf-python-*/work/ready"))
 
 
 def double_fork() -> str:

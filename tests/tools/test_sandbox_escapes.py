@@ -142,8 +142,8 @@ async def test_a_server_killed_mid_call_has_its_snippets_ended_by_the_next_one(t
             await session.initialize()
             call = asyncio.ensure_future(session.call_tool("python", {"code": escapes.setsid_sleep(say_ready=False),
                                                                         "timeout_s": 30}))
-            for _ in range(600):  # until the snippet runs (a hang guard, not a timing)
-                if escapes.alive_with(str(tmp_path)):
+            for _ in range(600):  # until the snippet has detached and sleeps (a hang guard, not a timing)
+                if escapes.snippet_ready(tmp_path):
                     break
                 await asyncio.sleep(0.1)
             first.proc.kill()
