@@ -30,7 +30,7 @@ from collections import defaultdict
 import torch
 
 from rlfactory.recipe.training import TurnCreditConfig
-from rlfactory.rollout.trajectory import Trajectory
+from rlfactory.rollout.trajectory import Trajectory, groups_of
 
 STATE_KEY = "state"
 """Where an environment's tool result reports its state (structured content): a string equal for equal states."""
@@ -153,11 +153,8 @@ def company_fraction(trajs: list[Trajectory], cfg: TurnCreditConfig) -> float:
     """The share of assistant turns whose baseline came from other trajectories of their group (`returns`: another
     one reached the same turn; `anchors`: another one visited the same state): how much the estimator had to work
     with (the `credit/turns_with_company` metric; anchors need states that recur)."""
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        groups[t.group_key].append(t)
     turns = with_company = 0
-    for group in groups.values():
+    for group in groups_of(trajs).values():
         keys = [list(range(t.num_turns)) if cfg.estimator == "returns" else turn_states(t) for t in group]
         owners: dict[object, set[int]] = defaultdict(set)
         for j, ks in enumerate(keys):

@@ -170,3 +170,11 @@ class Trajectory(BaseModel):
             if t.role == "assistant":
                 return t.text
         return ""
+
+
+def groups_of(trajectories: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    """A batch's GRPO groups, keyed by `Trajectory.group_key`, in the order they first appear."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_key, []).append(t)
+    return groups

@@ -16,15 +16,7 @@ refuses the setting there); a graded learnability score (p(1 - p)) beyond alike 
 """
 from __future__ import annotations
 
-from rlfactory.rollout.trajectory import Trajectory
-
-
-def groups_of(trajectories: list[Trajectory]) -> dict[str, list[Trajectory]]:
-    """The batch's GRPO groups, keyed by `Trajectory.group_key`, in the order they first appear."""
-    groups: dict[str, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group_key, []).append(t)
-    return groups
+from rlfactory.rollout.trajectory import Trajectory, groups_of
 
 
 def scored_alike(group: list[Trajectory], *, as_trained: bool = False) -> bool:

@@ -36,10 +36,10 @@ from rlfactory.algorithms.turn_credit import company_fraction
 from rlfactory.models.loading import pad_id_of
 from rlfactory.models.vision import vision_of
 from rlfactory.recipe.training import OffPolicyConfig
-from rlfactory.rollout.trajectory import Trajectory
+from rlfactory.rollout.trajectory import Trajectory, groups_of
 from rlfactory.trainer.micro_batches import length_buckets
 from rlfactory.trainer.policy import Policy
-from rlfactory.trainer.settled import groups_of, scored_alike
+from rlfactory.trainer.settled import scored_alike
 
 SUMMED = ("loss/pg", "loss/total", "loss/kl")
 """Micro-batch metrics that are pieces of the mini-batch loss (summed); the others are averaged."""

@@ -14,8 +14,8 @@ from cli_runs import rlf, sets
 from run_metrics import assert_same_metrics, rows_of
 
 from rlfactory.data.tasks import TaskSampler
-from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory
-from rlfactory.trainer.settled import groups_of, scored_alike, settled_draws
+from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory, groups_of
+from rlfactory.trainer.settled import scored_alike, settled_draws
 
 
 def _epochs(sampler: TaskSampler, n_epochs: int) -> list[list[int]]:
