@@ -68,8 +68,11 @@ class Browser:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
 
-    def goto(self, url: str) -> None:
-        self.call("Page.navigate", url=url)
+    def goto(self, url: str, timeout_s: float = 120) -> None:
+        """Open `url` and return once its document has finished loading. Page.navigate answers when the navigation
+        commits, while the document may still be parsing: a query made then sees only the part parsed so far."""
+        loader = self.call("Page.navigate", url=url).get("loaderId")
+        self.wait_js("document.readyState === 'complete'", timeout_s, f"{url} to finish loading (loader {loader})")
 
     def record_script_errors(self) -> None:
         """From the next page load on, keep the page's uncaught exceptions and unhandled promise rejections for
