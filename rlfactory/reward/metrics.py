@@ -3,7 +3,8 @@ score them one at a time) and `pass_at_k`."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
+
+from rlfactory.rollout.trajectory import Trajectory, groups_of
 
 
 def combine_reward_metrics(per_trajectory: list[dict[str, float]]) -> dict[str, float]:
@@ -28,13 +29,11 @@ def combine_reward_metrics(per_trajectory: list[dict[str, float]]) -> dict[str, 
     return out
 
 
-def pass_at_k(trajectories: list[Any], k: int, threshold: float) -> dict[str, float]:
+def pass_at_k(trajectories: list[Trajectory], k: int, threshold: float) -> dict[str, float]:
     """pass@1 (mean success rate) and pass@k (a task is solved when any of its k samples is); success means
     reward >= threshold. With exactly k samples per task the unbiased estimator (Chen et al. 2021,
-    https://arxiv.org/abs/2107.03374) reduces to `any`."""
-    groups: dict[Any, list[bool]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group_id or t.task_id, []).append((t.reward or 0.0) >= threshold)
+    https://arxiv.org/abs/2107.03374) reduces to `any`. Tasks are the batch's GRPO groups (`groups_of`)."""
+    groups = {key: [(t.reward or 0.0) >= threshold for t in group] for key, group in groups_of(trajectories).items()}
     if not groups:
         return {"pass@1": 0.0, f"pass@{k}": 0.0}
     p1 = sum(sum(v) / len(v) for v in groups.values()) / len(groups)
