@@ -292,7 +292,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.repeats):
                 before = (engine.stats.busy_s, engine.stats.prefill_batches, engine.stats.decode_steps)
                 wall, trajs = await run_ours(loop, tasks, horizon)
-                busy["ours"].append([round(engine.stats.busy_s - before[0], 3), engine.stats.prefill_batches - before[1],
+                busy["ours"].append([round(engine.stats.busy_s - before[0], 3),
+                                     engine.stats.prefill_batches - before[1],
                                      engine.stats.decode_steps - before[2]])
                 before = (engine.stats.busy_s, engine.stats.prefill_batches, engine.stats.decode_steps)
                 check_trajectories(trajs, horizon, "ours")
@@ -300,14 +301,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 wall, btrajs = await run_barrier(AgentLoop, engine, tools, chat, cfg, tasks, horizon)
                 check_trajectories(btrajs, horizon, "barrier")
                 busy["barrier"].append([round(engine.stats.busy_s - before[0], 3),
-                                        engine.stats.prefill_batches - before[1], engine.stats.decode_steps - before[2]])
+                                        engine.stats.prefill_batches - before[1],
+                                        engine.stats.decode_steps - before[2]])
                 barrier_s.append(wall)
                 if [t.response_ids for t in trajs] != [t.response_ids for t in btrajs] or any(
                         solo_tokens[t.id] != policy_tokens(t) for t in trajs):
                     diff = [(t.id, len(t.response_ids), len(b.response_ids), len(solo_tokens[t.id]))
                             for t, b in zip(trajs, btrajs) if t.response_ids != b.response_ids
                             or solo_tokens[t.id] != policy_tokens(t)]
-                    raise SystemExit(f"the loops generated different tokens, so the comparison would not be fair: {diff}")
+                    raise SystemExit("the loops generated different tokens, "
+                                     f"so the comparison would not be fair: {diff}")
             stats = engine.stats
         finally:
             await engine.close()

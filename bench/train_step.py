@@ -26,7 +26,8 @@ step, the rollout and the update. When models/quickstart-calc does not exist yet
 for every size, `grpo.DENSE_MAX_LOGITS = inf`) against the default (`after`: chunks of tokens above the threshold,
 algorithms/token_logprobs.py), each run in a fresh subprocess, and reports `peak_rss_mb` (the process's maximum
 resident set, `ru_maxrss`) and the update (and step) time of each, with `peak_ratio` (before / after) and
-`update_time_ratio` / `step_time_ratio` (after / before); `--rounds` runs of each, interleaved, medians. Workloads (`MEMORY_WORKLOADS`): `quickstart` is `--steps` real steps of the quickstart (rollouts
+`update_time_ratio` / `step_time_ratio` (after / before); `--rounds` runs of each, interleaved, medians.
+Workloads (`MEMORY_WORKLOADS`): `quickstart` is `--steps` real steps of the quickstart (rollouts
 included; `step_s` and `update_s` are medians after the first step); the others run the trainer's update alone
 (`Update.whole_batch`) `--steps` times on one step of synthetic trajectories of the workload's lengths (random
 tokens, policy turns between tool turns, half of each group rewarded), so that every row is trained:

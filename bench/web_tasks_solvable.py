@@ -87,7 +87,8 @@ def main() -> None:
     took_s = time.perf_counter() - start
     for config, why in failures[:50]:
         print(f"FAIL task {config['task_id']} template {config['intent_template_id']}: {config['intent']} -> {why}")
-    summary = {"via": "browser" if args.browser else "http", "tasks": len(configs), "solved": len(configs) - len(failures), "seconds": round(took_s, 2),
+    summary = {"via": "browser" if args.browser else "http", "tasks": len(configs),
+               "solved": len(configs) - len(failures), "seconds": round(took_s, 2),
                "ms_per_task": round(1000 * took_s / max(1, len(configs)), 1)}
     print(json.dumps(summary))
     if args.json:

@@ -82,7 +82,8 @@ def tasks(
 
 @envs_app.command("doctor")
 def doctor(
-    configs: Optional[List[Path]] = typer.Argument(None, help="mcpServers JSON files (default: mcp_configs/envs.json)."),
+    configs: Optional[List[Path]] = typer.Argument(
+        None, help="mcpServers JSON files (default: mcp_configs/envs.json)."),
     config_opts: Optional[List[Path]] = typer.Option(None, "--config", "-c", help="An mcpServers JSON file."),
     servers: Optional[List[str]] = typer.Option(None, "--server", "-s", help="Check only this server (repeatable)."),
     task_id: int = typer.Option(0, "--task-id", help="The task to reset."),

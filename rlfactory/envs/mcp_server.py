@@ -334,7 +334,8 @@ def build_env_server(
     forkable: bool = False,
 ) -> EnvServer:
     """An MCP server exposing `make_env()` episodes through reset/step/observe/close tools (`reset_doc=None` /
-    `step_doc=None`: no generic `reset` / `step` tool; the caller adds its own with `EnvServer.add_tool`). `inline`: run the tools
+    `step_doc=None`: no generic `reset` / `step` tool; the caller adds its own with `EnvServer.add_tool`).
+    `inline`: run the tools
     on the event loop (fast pure-Python envs) instead of worker threads (envs that block: a JVM, HTTP).
     `health() -> (ok, detail)`: whether what the server fronts is usable, published as `rlfactory://health`."""
     es = EnvServer(name, make_env, instructions=instructions, max_episodes=max_episodes,

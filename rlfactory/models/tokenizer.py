@@ -30,7 +30,8 @@ TEMPLATE_PATH = Path(__file__).parent / "templates" / "qwen3.jinja"
 
 # Qwen2/Qwen3's pre-tokenizer split (single digits, unlike cl100k's \p{N}{1,3}).
 QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # Qwen3's added tokens (tokenizer_config.json `added_tokens_decoder`): (id, content, special).

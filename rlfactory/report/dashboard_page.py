@@ -201,7 +201,8 @@ _JS = r"""
       });
       Object.keys(tools).sort().forEach(function(name){
         var lat = (st.latencies && Object.prototype.hasOwnProperty.call(st.latencies, name) &&
-                   Array.isArray(st.latencies[name])) ? st.latencies[name] : [], t = tools[name], tr = el('tr', {'data-tool': name});
+                   Array.isArray(st.latencies[name])) ? st.latencies[name] : [],
+            t = tools[name], tr = el('tr', {'data-tool': name});
         var rate = t.calls ? (100 * t.errors / t.calls).toFixed(1) + ' %' : '–';
         [runs[i].name, name, fmt(t.calls), fmt(t.errors), rate, fmt(1000 * quantile(lat, 0.5)),
          fmt(1000 * quantile(lat, 0.9)), fmt(1000 * quantile(lat, 1)), String(lat.length)]
@@ -369,7 +370,8 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{t}</title><style>{VIEWER_CSS}{_CSS}</style></head><body>"
-        f'<header><h1>{t}</h1><div id="runs"></div><div id="notes"></div><div id="error"></div></header><main class="dash">'
+        f'<header><h1>{t}</h1><div id="runs"></div><div id="notes"></div><div id="error"></div></header>'
+        '<main class="dash">'
         f"{sections}"
         '<h2>Newest transcripts</h2><div id="filters">'
         '<label>run <select id="f-run"></select></label>'
@@ -378,7 +380,8 @@ def render_page(title: str = "rlfactory dashboard") -> str:
         '<label>reward ≤ <input id="f-rmax" type="number" step="any" size="5"></label>'
         '<label><input id="f-toolerr" type="checkbox"> with a tool error</label><span id="tcount"></span></div>'
         '<table><thead><tr><th>step</th><th>trajectory</th><th>reward</th><th>finish</th><th>turns</th>'
-        '<th>tokens</th><th>tool calls</th><th>tool errors</th><th>images</th><th>tree</th></tr></thead><tbody id="tlist"></tbody>'
+        '<th>tokens</th><th>tool calls</th><th>tool errors</th><th>images</th><th>tree</th></tr></thead>'
+        '<tbody id="tlist"></tbody>'
         '</table>'
         f'<div id="viewer"></div></main><script type="application/json" id="chart-spec">{spec}</script>'
         f"<script>{_JS}</script></body></html>"

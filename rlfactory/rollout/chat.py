@@ -144,7 +144,8 @@ class ChatFormat:
         """A task's prompt as chat messages: a string becomes one user message; the system prompt (`system_prompt`,
         else the format's own) goes first unless the messages already start with a system message."""
         if not isinstance(prompt, (str, list)):
-            raise ValueError(f"a task's prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+            raise ValueError("a task's prompt must be a string or a list of chat messages, "
+                             f"got {type(prompt).__name__}")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         system = system_prompt or self.system_prompt
         if system and not (messages and messages[0].get("role") == "system"):

@@ -31,8 +31,8 @@ def encode_choices(tokenizer: Any, choices: list[str], end_id: int, *, max_token
         if len(head) < len(c) and len(ids) <= max_tokens + 2:  # +2: the cut may split what is one token in c
             ids = tokenizer.encode(c, add_special_tokens=False)
         if len(ids) > max_tokens:
-            raise RequestError(f"choice {i} has {f'at least {len(ids) - 2}' if len(head) < len(c) else len(ids)} tokens; "
-                               f"choices may have at most {max_tokens} tokens")
+            raise RequestError(f"choice {i} has {f'at least {len(ids) - 2}' if len(head) < len(c) else len(ids)} "
+                               f"tokens; choices may have at most {max_tokens} tokens")
         seqs.append(list(ids) + [end_id])
     return seqs
 

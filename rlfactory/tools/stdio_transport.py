@@ -27,7 +27,8 @@ from mcp.shared.message import SessionMessage
 log = logging.getLogger(__name__)
 
 REPLY_TOO_LARGE = -32091
-"""JSON-RPC error code (implementation-defined range, clear of the codes the SDK uses) of a reply dropped for its size."""
+"""JSON-RPC error code (implementation-defined range, clear of the codes the SDK uses)
+of a reply dropped for its size."""
 REPLY_UNREADABLE = -32092
 """JSON-RPC error code of a reply that is not valid JSON-RPC (e.g. nested past the parser's depth limit)."""
 EXIT_GRACE_S = 2.0

@@ -260,7 +260,8 @@ def _save_failed(root: Path, name: str, e: Exception, needed: int, keep: int) ->
         return RLFactoryError(
             f"checkpoint {name} could not be saved in {root}: the disk is full{quota}. The file system mounted at "
             f"{_mount_point(root)} has {_mb(max(free, 0))} free and a checkpoint needs about {_mb(needed)} "
-            f"(weights and optimizer state), and with trainer.keep_checkpoints={keep} the folder holds {keep + 1} while "
+            f"(weights and optimizer state), and with trainer.keep_checkpoints={keep} "
+            f"the folder holds {keep + 1} while "
             f"one is written. The partial checkpoint was removed. Free space there (or lower trainer.keep_checkpoints, "
             f"or save less often with trainer.save_every_steps). {after}")
     what = f"{e.strerror or e}" + (f": {e.filename}" if getattr(e, "filename", None) else "")

@@ -58,7 +58,8 @@ def test_init_and_names_from_the_command_line(tmp_path):
     by_name = rlf("validate", "quickstart", cwd=tmp_path)
     assert by_name.returncode == 0 and "quickstart" in by_name.stdout, by_name.stderr
     unknown = rlf("validate", "quickstrat", cwd=tmp_path)
-    assert unknown.returncode == 1 and "the name of a shipped one (" in unknown.stderr and "quickstart" in unknown.stderr
+    assert (unknown.returncode == 1 and "the name of a shipped one (" in unknown.stderr
+            and "quickstart" in unknown.stderr)
     listed = rlf("recipes", cwd=tmp_path)
     assert listed.returncode == 0 and "agentgym_textcraft_smoke" in listed.stdout
 

@@ -58,7 +58,8 @@ def test_known_ids(qwen_tokenizer):
 
 def test_special_flags_match_qwen3(qwen_tokenizer):
     # Qwen3 marks control tokens special (dropped by skip_special_tokens) but keeps tool/think tags as text.
-    ids = qwen_tokenizer.encode("<|im_start|>assistant\n<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>")
+    ids = qwen_tokenizer.encode(
+        "<|im_start|>assistant\n<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>")
     assert qwen_tokenizer.decode(ids, skip_special_tokens=True) == (
         "assistant\n<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call>")
 

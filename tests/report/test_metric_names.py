@@ -160,4 +160,5 @@ def test_metrics_log_warns_once_about_a_key_the_registry_lacks(tmp_path, caplog)
     warned = [r.getMessage() for r in caplog.records if "made_up/metric_s" in r.getMessage()]
     assert len(warned) == 1 and "rlfactory/report/metric_names.py" in warned[0]
     assert not [r for r in caplog.records if "reward/mean" in r.getMessage()]
-    assert [json.loads(ln)["made_up/metric_s"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [json.loads(ln)["made_up/metric_s"]
+            for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]

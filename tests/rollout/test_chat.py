@@ -88,7 +88,8 @@ def test_deltas_never_rewrite_earlier_think_blocks(tok):
     history would change tokens the policy already produced. Deltas only ever append."""
     chat = ChatFormat(tok, TOOLS, enable_thinking=True)
     prompt = [{"role": "user", "content": "q"}]
-    turn1 = "<think>\nuse the tool\n</think>\n\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {}}\n</tool_call>"
+    turn1 = ("<think>\nuse the tool\n</think>\n\n<tool_call>\n"
+             "{\"name\": \"calculator\", \"arguments\": {}}\n</tool_call>")
     ids1 = chat.prompt_ids(prompt) + chat.encode(turn1) + [IM_END]
     ids2 = ids1 + chat.tool_response_delta([{"role": "tool", "content": "2"}])
     assert ids2[: len(ids1)] == ids1 and THINK in ids2

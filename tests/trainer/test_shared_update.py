@@ -18,8 +18,8 @@ from rlfactory.models.tiny import build_tiny_qwen3
 from rlfactory.recipe.training import AlgorithmConfig, OffPolicyConfig
 from rlfactory.trainer.asynchronous import shared_update
 from rlfactory.trainer.asynchronous.shared_update import GeneratorSide, SharedUpdate
-from rlfactory.trainer.asynchronous.update_jobs import GENERATOR_DONE, TRAINER, UpdateJobs
 from rlfactory.trainer.asynchronous.streamed import StreamedStep
+from rlfactory.trainer.asynchronous.update_jobs import GENERATOR_DONE, TRAINER, UpdateJobs
 from rlfactory.trainer.asynchronous.weights import SharedWeights
 
 

@@ -1,4 +1,5 @@
-"""`rollout.stop_at_tool_call_end` through the rollout side a run builds (rlfactory/rollout_side.py): with the BabyAI learning
+"""`rollout.stop_at_tool_call_end` through the rollout side a run builds (rlfactory/rollout_side.py):
+with the BabyAI learning
 recipe, its shipped warm start and the real BabyAI MCP server, every assistant turn that calls a tool ends at its
 `</tool_call>` token (a policy token), and the `<|im_end|>` after it belongs to the tool response (not trained on)."""
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""GRPO numbers: for the same batch, the local engine's advantages, loss and gradients (rlfactory/algorithms/grpo.py, our
+"""GRPO numbers: for the same batch, the local engine's advantages, loss and gradients
+(rlfactory/algorithms/grpo.py, our
 padded batch and forward pass) equal verl's: `compute_advantage` on a DataProto (verl's trainer) and `ppo_loss` (verl's
 actor loss) fed verl's no-padding log-prob layout, with the ActorConfig verl builds from our translated config."""
 from __future__ import annotations
@@ -102,7 +103,8 @@ def test_local_grpo_equals_verl(tmp_path, overrides):
                  "attention_mask": batch.attention_mask, "response_mask": batch.response_mask.long(),
                  "token_level_rewards": rm_scores},
         non_tensors={"uid": np.array([t.group_id for t in trajs], dtype=object)})
-    data = compute_advantage(data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+    data = compute_advantage(data, AdvantageEstimator.GRPO,
+                             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
     torch.testing.assert_close(data.batch["advantages"] * batch.response_mask, adv, rtol=1e-6, atol=1e-7)
 
     # ---- verl: actor-side loss, model output in verl's no-padding layout (one unpadded forward per sequence)

@@ -68,7 +68,8 @@ async def _one_step(worker, prep, global_steps: int):
     tu.assign_non_tensor_data(batch, "global_steps", global_steps)
     uids = [str(u) for u in batch["uid"]]
     await tq.async_kv_batch_put(keys=uids, partition_id="train",
-                                tags=[{"is_prompt": True, "status": "pending", "global_steps": global_steps}] * len(uids))
+                                tags=[{"is_prompt": True, "status": "pending",
+                                       "global_steps": global_steps}] * len(uids))
     await worker.generate_sequences(batch)
     await asyncio.wait_for(asyncio.gather(*list(worker.background_tasks)), timeout=120)
     listing = (await tq.async_kv_list("train"))["train"]
@@ -106,7 +107,8 @@ async def test_agent_loop_runs_inside_verls_v1_transfer_queue_worker(tq_cluster)
         horizon = 1 if step == 1 else 3
         assert len(keys) == 2 * n  # two prompts x rollout.n sessions, one output each
         prompts, responses = data["prompts"].unbind(), data["responses"].unbind()
-        masks, logprobs, rm = data["response_mask"].unbind(), data["rollout_log_probs"].unbind(), data["rm_scores"].unbind()
+        masks, logprobs, rm = (data["response_mask"].unbind(), data["rollout_log_probs"].unbind(),
+                               data["rm_scores"].unbind())
         ids_by_uid: dict[str, list[str]] = {}
         for i, key in enumerate(keys):
             uid, session, _ = key.split("_")

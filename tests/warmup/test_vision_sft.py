@@ -16,7 +16,8 @@ from rlfactory.recipe.tools import ToolsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 PICTURES = ToolsConfig(mcp_configs=[str(REPO / "mcp_configs" / "vision.json")], servers=["digits_image"])
-SYSTEM = "Use the calculator_picture tool for arithmetic and read its picture. Give the final answer as <answer>NUMBER</answer>."
+SYSTEM = ("Use the calculator_picture tool for arithmetic and read its picture. "
+          "Give the final answer as <answer>NUMBER</answer>.")
 
 
 @pytest.fixture(scope="module")

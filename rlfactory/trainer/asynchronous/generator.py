@@ -18,7 +18,8 @@ theirs leave.
 Start-up: the process loads its model while the trainer loads its own, then starts its tool servers and engine (and
 imports the helper's module, on a thread) while it waits for the Setup (the shared weights and the data position,
 once the trainer has prepared the run folder and restored any checkpoint): the trainer's first step waits for this
-process to be ready, and neither needs the Setup. With `trainer.split_cores` the HF engine's decoding thread runs on the CPUs the trainer
+process to be ready, and neither needs the Setup.
+With `trainer.split_cores` the HF engine's decoding thread runs on the CPUs the trainer
 left it; the event loop and the tool servers are not pinned. Every `PULSE_S` it sends a pulse (what it is doing, its
 progress) for the trainer's watchdog (watch.py). Its serve loop looks at the published version every `POLL_S`;
 a finished group wakes it at once.

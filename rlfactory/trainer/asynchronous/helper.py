@@ -39,7 +39,8 @@ class GeneratorHelper(Protocol):
 
 
 HelperFactory = Callable[[Channels, Recipe, Any, Any, Any, SharedWeights, list[int] | None], GeneratorHelper | None]
-"""What a `HelperSpec.factory` names: (channels, recipe, model, tokenizer, device, weights, cpus) -> a helper or None."""
+"""What a `HelperSpec.factory` names:
+(channels, recipe, model, tokenizer, device, weights, cpus) -> a helper or None."""
 
 
 def helper_factory(spec: GeneratorSpec) -> HelperFactory | None:

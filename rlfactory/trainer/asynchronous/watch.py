@@ -4,7 +4,8 @@ clear error when the generator stalls.
 The generator sends a pulse (`messages.Pulse`) on its results queue every `PULSE_S`: its pid, when it was sent (on
 CLOCK_MONOTONIC, which every process of the machine shares), what it is doing (groups and tool calls in flight,
 whether the staleness bound holds it back, the policy version it has) and its progress counters (decode steps,
-prefills, tool results, groups finished, a helper's seconds of work, weight loads). Every message is a sign of life; a group, a dropped group,
+prefills, tool results, groups finished, a helper's seconds of work, weight loads).
+Every message is a sign of life; a group, a dropped group,
 or a pulse whose counters moved, is progress.
 
 While a step waits on the generator (`check`), this logs every `trainer.generator_watchdog_s` what the step waits

@@ -10,7 +10,8 @@ types here (`Chromium`, `Context`, `Tab`) and two errors: `ActionFailed` (feedba
     and answers anything else 403 — each hop of a redirect chain included. (A Playwright route was the first
     design: routes see only a chain's first URL, so a site redirecting twice could lead the browser out.)
   * downloads are refused (`accept_downloads=False`), service workers blocked, pop-ups (`window.open`, links with
-    `target=_blank`) refused in the page as they are asked for, JavaScript dialogs answered (alert/confirm/beforeunload accepted, prompt
+    `target=_blank`) refused in the page as they are asked for, JavaScript dialogs answered
+    (alert/confirm/beforeunload accepted, prompt
     dismissed) — each leaves a note for the next observation;
   * `file:`, `data:` and `chrome:` navigations are refused by `OriginPolicy` before `goto`, and Chromium itself
     refuses a page's links to them.

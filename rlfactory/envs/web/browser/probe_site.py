@@ -94,7 +94,8 @@ Ask</button> <span id="answer"></span>
     async def hop(request: Request) -> Response:
         return RedirectResponse("/away", status_code=302)
 
-    return Starlette(routes=[Route("/hop", hop), Route("/", home), Route("/products", products), Route("/product/{i:int}", product),
+    return Starlette(routes=[Route("/hop", hop), Route("/", home), Route("/products", products),
+                             Route("/product/{i:int}", product),
                              Route("/search", search), Route("/login", login, methods=["POST"]),
                              Route("/account", account), Route("/download", download), Route("/away", away)])
 

@@ -7,7 +7,8 @@ then proxies loopback too: `<-loopback>`). Plain HTTP requests arrive in absolut
 and are sent on to their origin with `Connection: close`, one request per connection (the browser opens a new one
 to the proxy for the next: loopback connections cost well under a millisecond, and no request can ride an
 upstream connection opened for another origin); a response that is a download is answered `204 No Content`
-instead (the page stays; the file never reaches the browser). `CONNECT host:port` (https, wss) is tunnelled when an allowed
+instead (the page stays; the file never reaches the browser).
+`CONNECT host:port` (https, wss) is tunnelled when an allowed
 origin has that host and port. Anything else is answered 403 with the reason, which also becomes a note for the
 episode's next observation.
 

@@ -56,7 +56,9 @@ BODIES = ["I've been thinking about {t} for a while and would love to hear what 
           "Started with {t} last {m}. Here is what worked and what did not.",
           "Long-time lurker, first post. Any recommendations on {t}?",
           "Spent the weekend on {t}. Pictures and notes below; questions welcome."]
-COMMENTS = ["Great post, thanks for sharing!", "I had the same problem with {t}.", "Have you tried asking at a local club?", "Strongly disagree, {t} changed everything for me.", "Following this thread.",
+COMMENTS = ["Great post, thanks for sharing!", "I had the same problem with {t}.",
+            "Have you tried asking at a local club?", "Strongly disagree, {t} changed everything for me.",
+            "Following this thread.",
             "Could you post an update next {m}?", "This is the way.", "Same here, {t} are underrated.",
             "Check the wiki first, it covers {t} well.", "Thanks, this helped a lot."]
 N_USERS = 80

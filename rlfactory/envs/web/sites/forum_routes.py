@@ -51,7 +51,8 @@ def _post_list(root: str, rows: list) -> str:
     items = "".join(f"<li><article>{h.link(post_path(root, r), r['title'])} <p>Score: {r['score']} | Submitted by "
                     f"{user_link(root, r['username'])} in "
                     f"{forum_link(root, r)} on {r['created_at']} | "
-                    f"{h.link(post_path(root, r), str(r['n_comments']) + ' comments')}</p></article></li>" for r in rows)
+                    f"{h.link(post_path(root, r), str(r['n_comments']) + ' comments')}</p></article></li>"
+                    for r in rows)
     return f"<ol>{items}</ol>" if rows else "<p>No posts here.</p>"
 
 
@@ -65,7 +66,8 @@ def _paged(request: Request, where: str, args: list, order: str, here: str, para
     params = params or {}
     nav = ([h.link(h.url(here, **params, page=page - 1), "Previous page")] if page > 1 else []) + \
           ([h.link(h.url(here, **params, page=page + 1), "Next page")] if page < pages else [])
-    return f"<p>{total} posts</p>{_post_list(base(request, 'forum'), rows)}<p>Page {page} of {pages} {' '.join(nav)}</p>"
+    return (f"<p>{total} posts</p>{_post_list(base(request, 'forum'), rows)}"
+            f"<p>Page {page} of {pages} {' '.join(nav)}</p>")
 
 
 def home(request: Request) -> HTMLResponse:

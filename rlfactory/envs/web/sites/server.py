@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from rlfactory.envs.web.sites.app import build_app
 
-    parser = argparse.ArgumentParser(description="Serve the web environment's sites (shop, forum, wiki) for all episodes.")
+    parser = argparse.ArgumentParser(
+        description="Serve the web environment's sites (shop, forum, wiki) for all episodes.")
     parser.add_argument("--root", required=True, help="folder of the episodes' databases")
     parser.add_argument("--seed", type=int, default=0, help="content seed of newly opened episodes")
     parser.add_argument("--cache", default=None, help="folder of the seed databases")

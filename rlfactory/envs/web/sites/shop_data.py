@@ -15,7 +15,8 @@ CREATE TABLE categories (id INTEGER PRIMARY KEY, name TEXT NOT NULL, slug TEXT U
                          sized TEXT NOT NULL DEFAULT '');
 CREATE TABLE products (id INTEGER PRIMARY KEY, sku TEXT UNIQUE NOT NULL, name TEXT UNIQUE NOT NULL,
                        category_id INTEGER NOT NULL REFERENCES categories(id), price_cents INTEGER NOT NULL,
-                       description TEXT NOT NULL, rating REAL NOT NULL DEFAULT 0, review_count INTEGER NOT NULL DEFAULT 0);
+                       description TEXT NOT NULL, rating REAL NOT NULL DEFAULT 0,
+                       review_count INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE product_colours (product_id INTEGER NOT NULL REFERENCES products(id), colour TEXT NOT NULL,
                               PRIMARY KEY (product_id, colour));
 CREATE TABLE product_sizes (product_id INTEGER NOT NULL REFERENCES products(id), size TEXT NOT NULL,
@@ -101,7 +102,8 @@ def populate(conn: sqlite3.Connection, seed: int) -> None:
         for _ in range(PRODUCTS_PER_CATEGORY):
             name = ""
             while not name or name in names:
-                name = f"{rng.choice(BRANDS)} {rng.choice(STYLES)} {rng.choice(GOODS_MATERIALS if not sized else WEAR_MATERIALS)} {noun}"
+                name = (f"{rng.choice(BRANDS)} {rng.choice(STYLES)} "
+                        f"{rng.choice(GOODS_MATERIALS if not sized else WEAR_MATERIALS)} {noun}")
             names.add(name)
             price = rng.randint(lo * 100, hi * 100) // 10 * 10 + rng.choice([9, 0, 5])
             colours = rng.sample(COLOURS, rng.randint(1, 4))

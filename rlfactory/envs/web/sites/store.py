@@ -4,7 +4,8 @@ A seed database per (site, content seed, schema version) is built once and cache
 `$XDG_CACHE_HOME/rlfactory/web` or `~/.cache/rlfactory/web`, override with `RLFACTORY_WEB_CACHE`); opening an
 episode copies it to `<root>/<episode>/<site>.sqlite`. A fork copies the source episode's live files while holding
 a read transaction on each (consistent even while the site server writes to them: SQLite's rollback journal lets no
-writer commit under a reader's lock). A file copy measured ~1 ms per site against ~3-5 ms for the backup API. The site server and the evaluator open the files by path, so the store needs no IPC with them.
+writer commit under a reader's lock). A file copy measured ~1 ms per site against ~3-5 ms for the backup API.
+The site server and the evaluator open the files by path, so the store needs no IPC with them.
 Left out: copy-on-write file systems (a ~2 MB copy takes about a millisecond) and quotas on episode count.
 """
 from __future__ import annotations

@@ -48,7 +48,8 @@ class HttpAgent:
                 el = self.doc.get_element_by_id(label.get("for"), None)
                 kind = (el.get("type") or "").lower() if el is not None and el.tag == "input" else el.tag if el is \
                     not None else None
-                if el is not None and (kind in _INPUT_ROLES.get(role, ()) or (role == "textbox" and kind == "textarea")):
+                if el is not None and (kind in _INPUT_ROLES.get(role, ())
+                                       or (role == "textbox" and kind == "textarea")):
                     return el
         raise PlanError(f"no {role} labelled {name!r} on {self.url}")
 

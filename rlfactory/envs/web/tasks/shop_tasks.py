@@ -46,7 +46,8 @@ def _products(db: sqlite3.Connection) -> list[dict]:
                                            "ORDER BY product_id, created_at DESC, id DESC"):
         latest.setdefault(pid, []).append((author, created))
     for p in rows:
-        p["colours"], p["sizes"], p["reviews"] = colours.get(p["id"], []), sizes.get(p["id"], []), latest.get(p["id"], [])
+        p["colours"], p["sizes"], p["reviews"] = (colours.get(p["id"], []), sizes.get(p["id"], []),
+                                                  latest.get(p["id"], []))
         p["price"] = money(p["price_cents"])
     return rows
 
@@ -152,7 +153,8 @@ def count_colour_size(db, rng):
 def url_colour_desc(db, rng):
     groups = _groups(_products(db))
     return pick(rng, [Instance({"category": cat, "colour": c},
-                               url_is(f"__SHOPPING__/category/{slug}?" + urlencode({"colour": c, "sort": "price_desc"})))
+                               url_is(f"__SHOPPING__/category/{slug}?"
+                                      + urlencode({"colour": c, "sort": "price_desc"})))
                       for (cat, slug, c, _), items in sorted(groups.items())])
 
 
@@ -168,7 +170,8 @@ def url_search_rating(db, rng):
                 for q in _products(db))
         if n:
             out.append(Instance({"query": query, "stars": stars},
-                                url_is("__SHOPPING__/catalogsearch/result/?" + urlencode({"q": query, "rating": stars})),
+                                url_is("__SHOPPING__/catalogsearch/result/?"
+                                       + urlencode({"q": query, "rating": stars})),
                                 {"filter": f"{stars} stars & up"}))
     return out[:30]
 
@@ -214,7 +217,8 @@ def buy_ship_to(db, rng):
     for p in pick(rng, _products(db)):
         v, qty = _variant(rng, p), rng.randint(2, 4)
         city, zip_code = rng.choice(CITIES)
-        to = {"name": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "street": f"{rng.randint(1, 99)} {rng.choice(STREETS)}",
+        to = {"name": f"{rng.choice(FIRST)} {rng.choice(LAST)}",
+              "street": f"{rng.randint(1, 99)} {rng.choice(STREETS)}",
               "city": city, "zip": zip_code}
         out.append(Instance(_one(p, qty=qty, colour=v["colour"], size_text=_size_text(v["size"]), **to), page_has(
             ORDER_LATEST, [p["name"], to["street"]], [check(
