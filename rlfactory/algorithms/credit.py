@@ -3,7 +3,8 @@
 - a flat group: GRPO's (grpo.py), or with `algorithm.turn_credit` one per assistant turn (turn_credit.py);
 - a branched group (`rollout.branching`): a baseline per branch point (branch_credit.py) on each root's shared
   prefix, and on each branch's own turns the branch's GRPO-style advantage against its siblings, or, with
-  `turn_credit` as well, the per-turn advantages computed over the group's leaves.
+  `turn_credit` as well, the per-turn advantages computed over the group's leaves;
+- then, whichever of those, negative advantages scaled by `algorithm.negative_advantage_scale`.
 
 Left out: how the advantages enter the loss (grpo.policy_loss).
 """
@@ -18,7 +19,15 @@ from rlfactory.rollout.trajectory import Trajectory
 
 
 def advantages(kept: list[Trajectory], batch: GRPOBatch, a: AlgorithmConfig) -> torch.Tensor:
-    """[N, T] advantages of `batch` (built from `kept`, in order; copies of shared prefixes already masked)."""
+    """[N, T] advantages of `batch` (built from `kept`, in order; copies of shared prefixes already masked), negative
+    ones scaled by `algorithm.negative_advantage_scale`."""
+    adv = _advantages(kept, batch, a)  # [N, T]
+    if a.negative_advantage_scale == 1.0:
+        return adv
+    return torch.where(adv < 0, adv * a.negative_advantage_scale, adv)
+
+
+def _advantages(kept: list[Trajectory], batch: GRPOBatch, a: AlgorithmConfig) -> torch.Tensor:
     adv = compute_advantages(batch, norm_adv_by_std=a.norm_adv_by_std)  # [N, T]
     mask = batch.response_mask  # [N, T]
     shape = (int(mask.shape[0]), int(mask.shape[1]))

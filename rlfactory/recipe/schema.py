@@ -234,6 +234,9 @@ def cross_field_problems(r: Recipe) -> list[str]:
         p.append(f"data.skip_settled_epochs is {r.data.skip_settled_epochs} with {where}: only the local engine's "
                  f"synchronous loop sets tasks aside (the others draw tasks ahead of their results); use 0 there, or "
                  f"engine: local with trainer.max_staleness_steps: 0")
+    if r.engine == "verl" and a.negative_advantage_scale != 1.0:
+        p.append(f"algorithm.negative_advantage_scale is {a.negative_advantage_scale}: engine verl trains on its own "
+                 f"GRPO advantages, unscaled; use engine: local or negative_advantage_scale: 1.0")
     if r.engine == "verl" and a.turn_credit.estimator != "none":
         p.append(f"algorithm.turn_credit.estimator is {a.turn_credit.estimator!r}: engine verl computes one advantage "
                  f"per trajectory (its own GRPO estimator) and cannot take per-turn advantages yet; use engine: local "

@@ -168,6 +168,11 @@ class AlgorithmConfig(Section):
     """How the per-token loss becomes a scalar (verl's `agg_loss` names)."""
     norm_adv_by_std: bool = True
     """Divide group advantages by the group's std (GRPO); false = Dr. GRPO (https://arxiv.org/abs/2503.20783)."""
+    negative_advantage_scale: float = Field(1.0, ge=0.0, le=1.0)
+    """Multiplies every negative advantage (after turn credit and branching): 1 = GRPO; 0 trains on the samples that
+    did better than their group only (positive-sample reinforcement, Zhu et al. 2025,
+    https://arxiv.org/abs/2506.01347: a failed sample's tokens, the right steps it shares with the successes included,
+    are not pushed down). Local engine."""
     learning_rate: float = Field(1e-6, gt=0.0)
     """Peak learning rate."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
