@@ -108,17 +108,22 @@ def test_group_advantages_land_on_each_turns_tokens_and_use_the_groups_scale():
     assert tok[0].tolist() == [1.0, 1.0, 0.0, 2.0, 2.0, 0.0, 0.0, 0.0]
 
 
-def test_verl_refuses_turn_credit_before_any_work(tmp_path):
+def recipe_errors(tmp_path, algorithm: dict) -> dict[str, list[str]]:
+    """Per engine (verl, local): what the preflight says of a small recipe with this `algorithm` section."""
     (tmp_path / "train.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
-    recipe = {"name": "t", "engine": "verl", "model": {"path": "m"}, "data": {"train_file": "train.jsonl"},
-              "rewards": {"functions": [{"function": "exact_match"}]},
-              "algorithm": {"turn_credit": {"estimator": "returns"}}}
-    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
-    errors = validate_recipe(tmp_path / "r.yaml")
-    assert any("algorithm.turn_credit.estimator" in e and "engine: local" in e for e in errors), errors
-    recipe["engine"] = "local"
-    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
-    assert not any("turn_credit" in e for e in validate_recipe(tmp_path / "r.yaml"))
+    out = {}
+    for engine in ("verl", "local"):
+        recipe = {"name": "t", "engine": engine, "model": {"path": "m"}, "data": {"train_file": "train.jsonl"},
+                  "rewards": {"functions": [{"function": "exact_match"}]}, "algorithm": algorithm}
+        (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+        out[engine] = validate_recipe(tmp_path / "r.yaml")
+    return out
+
+
+def test_verl_refuses_turn_credit_before_any_work(tmp_path):
+    errors = recipe_errors(tmp_path, {"turn_credit": {"estimator": "returns"}})
+    assert any("algorithm.turn_credit.estimator" in e and "engine: local" in e for e in errors["verl"]), errors
+    assert not any("turn_credit" in e for e in errors["local"])
 
 
 # ------------------------------------------------------------------------------------------ the bias test
